@@ -1,0 +1,1 @@
+"""Pure, jit-able math of Agentic GRPO: advantages, losses, corrections, log-probs."""
