@@ -48,7 +48,11 @@ def _module_of(rel: str) -> str:
 
 
 def _first_party_imports(path: pathlib.Path) -> set[str]:
-  """Modules of this repository that `path` imports."""
+  """Dotted names of this repository that `path` imports.
+
+  `from pkg import x` yields `pkg.x`: x is a module or an attribute of pkg, which the caller
+  resolves to the longest module prefix.
+  """
   tree = ast.parse(path.read_text())
   found = set()
   for node in ast.walk(tree):
@@ -56,7 +60,7 @@ def _first_party_imports(path: pathlib.Path) -> set[str]:
     if isinstance(node, ast.Import):
       names = [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+      names = [f"{node.module}.{a.name}" for a in node.names]
     for name in names:
       if name.split(".")[0] in _PACKAGES:
         found.add(name)

@@ -1,0 +1,220 @@
+"""Group-relative advantages: GRPO's normalisation, stage-wise and in hindsight.
+
+GRPO (Shao et al., 2024, "DeepSeekMath", §4.1) samples a *group* of `G` answers per prompt and uses
+the group-normalised reward `(r - mean_G r) / std_G r` as the advantage of every token of an answer.
+Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training") drops the division by the std.
+
+Agentic GRPO scores every *stage* of an episode. `provisional_advantages` normalises stage rewards
+within the group, stage by stage (the advantage applied right after a stage completes);
+`target_advantages` gives the advantage each stage should have had once the final reward is
+known (DESIGN.md §2: modes `outcome`, `return`, `mixed`).
+
+All functions are pure and jit-able; option strings are static.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+SCALES = ("std", "none")
+TARGET_MODES = ("outcome", "return", "mixed")
+
+# A group whose rewards span less than this many ulps (of the input dtype, relative to the
+# rewards' magnitude) counts as all-equal and gets advantage exactly 0.
+_EQUAL_ULPS = 8.0
+
+
+def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_valid(valid: Optional[jax.Array], shape: tuple[int, ...], name: str = "valid"):
+  if valid is None:
+    return jnp.ones(shape, dtype=bool)
+  if tuple(valid.shape) != tuple(shape):
+    raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(valid.shape)}")
+  if valid.dtype != jnp.bool_:
+    raise ValueError(f"{name} must be bool, got dtype {valid.dtype}")
+  return valid
+
+
+def group_advantages(
+    rewards: jax.Array,
+    valid: Optional[jax.Array] = None,
+    *,
+    scale: str = "std",
+    eps: float = 1e-6,
+) -> jax.Array:
+  """Group-normalised advantages, the group on the last axis.
+
+  `A[..., i] = (r[..., i] - mean) / (std + eps)` with mean and (population) std over the valid
+  members of the group (GRPO, Shao et al., 2024), or `r - mean` with `scale="none"` (Dr. GRPO,
+  Liu et al., 2025).
+
+  Degenerate groups get advantage exactly 0, with a finite (zero) gradient: groups whose valid
+  rewards are equal up to a few ulps of the input dtype (so `0.1 + 0.2` and `0.3` count as equal,
+  in f32 and bf16 alike), groups with a single valid member, and groups with no valid member.
+  Invalid members get advantage 0 and do not enter the statistics.
+
+  Args:
+    rewards: `[..., G]` float (f32, bf16 or f16); the group is the last axis.
+    valid: optional `[..., G]` bool; False excludes a member.
+    scale: `"std"` (GRPO) or `"none"` (Dr. GRPO).
+    eps: added to the std before dividing; must be > 0 with `scale="std"`.
+
+  Returns:
+    `[..., G]` float32 advantages.
+
+  Raises:
+    ValueError: for a non-float or scalar `rewards`, a `valid` of another shape or dtype, an
+      unknown `scale`, or a non-positive `eps`.
+  """
+  _check_option("scale", scale, SCALES)
+  rewards = jnp.asarray(rewards)
+  if rewards.ndim < 1:
+    raise ValueError(f"rewards must have a group axis, got shape {tuple(rewards.shape)}")
+  if not jnp.issubdtype(rewards.dtype, jnp.floating):
+    raise ValueError(f"rewards must be a float array, got dtype {rewards.dtype}")
+  if scale == "std" and not eps > 0:
+    raise ValueError(f"eps must be > 0, got {eps}")
+  valid = _check_valid(valid, rewards.shape)
+
+  ulp = float(jnp.finfo(rewards.dtype).eps)
+  r = rewards.astype(jnp.float32)
+  w = valid.astype(jnp.float32)
+  count = w.sum(-1, keepdims=True)
+  safe_count = jnp.maximum(count, 1.0)
+  mean = (r * w).sum(-1, keepdims=True) / safe_count
+  centered = jnp.where(valid, r - mean, 0.0)
+
+  big = jnp.finfo(jnp.float32).max
+  r_max = jnp.where(valid, r, -big).max(-1, keepdims=True)
+  r_min = jnp.where(valid, r, big).min(-1, keepdims=True)
+  magnitude = jnp.maximum(jnp.maximum(jnp.abs(r_max), jnp.abs(r_min)), 1.0)
+  spread = jax.lax.stop_gradient(r_max - r_min)
+  degenerate = (count < 2) | (spread <= _EQUAL_ULPS * ulp * jax.lax.stop_gradient(magnitude))
+
+  if scale == "std":
+    var = (centered**2).sum(-1, keepdims=True) / safe_count
+    # Double-where: sqrt's gradient at 0 is inf, so degenerate groups never see var == 0.
+    safe_var = jnp.where(degenerate, 1.0, var)
+    adv = centered / (jnp.sqrt(safe_var) + eps)
+  else:
+    adv = centered
+  return jnp.where(degenerate | ~valid, 0.0, adv)
+
+
+def _check_staged(stage_rewards, final_rewards, valid):
+  stage_rewards = jnp.asarray(stage_rewards)
+  if final_rewards is not None:
+    final_rewards = jnp.asarray(final_rewards)
+  if stage_rewards.ndim != 3:
+    raise ValueError(f"stage_rewards must be [B, G, S], got shape {tuple(stage_rewards.shape)}")
+  if final_rewards is not None and tuple(final_rewards.shape) != tuple(stage_rewards.shape[:2]):
+    raise ValueError(f"final_rewards must be [B, G] = {tuple(stage_rewards.shape[:2])}, "
+                     f"got shape {tuple(final_rewards.shape)}")
+  if valid is not None and tuple(valid.shape) not in (tuple(stage_rewards.shape),
+                                                      tuple(stage_rewards.shape[:2])):
+    raise ValueError(f"valid must be [B, G, S] or [B, G], got shape {tuple(valid.shape)}")
+  if valid is None:
+    valid = jnp.ones(stage_rewards.shape, dtype=bool)
+  elif valid.ndim == 2:
+    valid = jnp.broadcast_to(valid[..., None], stage_rewards.shape)
+  return stage_rewards, final_rewards, _check_valid(valid, stage_rewards.shape)
+
+
+def _per_stage(values: jax.Array, valid: jax.Array, scale: str) -> jax.Array:
+  """Normalises `[B, G, S]` within the group (axis 1) for each stage."""
+  adv = group_advantages(jnp.swapaxes(values, 1, 2), jnp.swapaxes(valid, 1, 2), scale=scale)
+  return jnp.swapaxes(adv, 1, 2)
+
+
+def provisional_advantages(
+    stage_rewards: jax.Array,
+    valid: Optional[jax.Array] = None,
+    *,
+    scale: str = "std",
+) -> jax.Array:
+  """Provisional advantages `Â[i, k] = norm_group(r[:, k])[i]` (DESIGN.md §1).
+
+  Args:
+    stage_rewards: `[B, G, S]` float, reward of stage k of member i, available when stage k of the
+      whole group has completed.
+    valid: optional `[B, G, S]` (or `[B, G]`) bool; False marks a stage the episode skipped.
+    scale: `"std"` or `"none"`, as in `group_advantages`.
+
+  Returns:
+    `[B, G, S]` float32; 0 where invalid.
+
+  Raises:
+    ValueError: for shapes other than the above or an unknown `scale`.
+  """
+  _check_option("scale", scale, SCALES)
+  stage_rewards, _, valid = _check_staged(stage_rewards, None, valid)
+  return _per_stage(stage_rewards, valid, scale)
+
+
+def discounted_returns(stage_rewards: jax.Array, final_rewards: jax.Array,
+                       gamma: float) -> jax.Array:
+  """`G[i, k] = Σ_{j≥k} γ^{j−k} r[i, j] + γ^{S−k} R[i]` for `[B, G, S]`, `[B, G]` inputs."""
+  def step(carry, r_k):
+    g = r_k + gamma * carry
+    return g, g
+  # Scan backwards over stages: G_S = R, G_k = r_k + γ G_{k+1}.
+  _, returns = jax.lax.scan(step, final_rewards.astype(jnp.float32),
+                            jnp.moveaxis(stage_rewards.astype(jnp.float32), -1, 0), reverse=True)
+  return jnp.moveaxis(returns, 0, -1)
+
+
+def target_advantages(
+    stage_rewards: jax.Array,
+    final_rewards: jax.Array,
+    *,
+    mode: str,
+    gamma: float = 1.0,
+    beta: float = 0.0,
+    valid: Optional[jax.Array] = None,
+    scale: str = "std",
+) -> jax.Array:
+  """Target advantages `A*[i, k]`: what each stage should have received in hindsight.
+
+  Modes (DESIGN.md §2):
+    * `outcome`: `A*[i, k] = norm_group(R)[i]` for every stage; provisional plus correction
+      updates then sum to outcome-only GRPO's update (Shao et al., 2024).
+    * `return`: `A*[i, k] = norm_group(G[:, k])[i]` with the discounted return-to-go
+      `G[i, k] = Σ_{j≥k} γ^{j−k} r[i, j] + γ^{S−k} R[i]` (stage rewards as shaping terms).
+    * `mixed`: `A*[i, k] = norm_group(R)[i] + β · Â[i, k]`, keeping a share of the provisional
+      advantage `Â` (see `provisional_advantages`).
+
+  Args:
+    stage_rewards: `[B, G, S]` float; a skipped stage holds 0.
+    final_rewards: `[B, G]` float, the final (outcome) reward `R`.
+    mode: `"outcome"`, `"return"` or `"mixed"`.
+    gamma: discount over stages for `return`, in [0, 1].
+    beta: weight of `Â` for `mixed`.
+    valid: optional `[B, G, S]` or `[B, G]` bool. A member with no valid stage is left out of the
+      outcome statistics; invalid stages get target 0.
+    scale: `"std"` or `"none"`, as in `group_advantages`.
+
+  Returns:
+    `[B, G, S]` float32.
+
+  Raises:
+    ValueError: for an unknown `mode`/`scale`, `gamma` outside [0, 1], or mismatched shapes.
+  """
+  _check_option("mode", mode, TARGET_MODES)
+  _check_option("scale", scale, SCALES)
+  if isinstance(gamma, (int, float)) and not 0.0 <= gamma <= 1.0:  # Traced values pass.
+    raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+  stage_rewards, final_rewards, valid = _check_staged(stage_rewards, final_rewards, valid)
+  if mode == "return":
+    returns = discounted_returns(stage_rewards, final_rewards, gamma)
+    return _per_stage(returns, valid, scale)
+  member_valid = valid.any(-1)
+  outcome = group_advantages(final_rewards, member_valid, scale=scale)
+  target = jnp.where(valid, outcome[..., None], 0.0)
+  if mode == "mixed":
+    target = target + beta * _per_stage(stage_rewards, valid, scale)
+  return target
