@@ -1,0 +1,543 @@
+"""The embedded default task: a seeded, unlimited generator of small Python programming problems.
+
+A task's hidden function is a *program*: a composition of typed primitives over `list[int]`,
+`int` and `str` (map `+k`/`*k`/`%k`, filter even/odd/`>k`, sort, reverse, take/drop, dedupe,
+sum/max/min/len, upper, replace, count, ...). The difficulty level is the composition depth.
+The reference solution is the program rendered as one line of Python
+(`def f(x): return sorted([v+2 for v in x])`), whose semantics the in-process interpreter
+(`run_program`) reproduces exactly; the tests check this through the sandbox.
+
+Every task has 2-3 short public examples (in the prompt), `num_hidden` >= 8 hidden tests and a
+probe input for the hypothesis stage. The prompt is compact, for byte-level models:
+
+    f(x:list[int])->list[int]
+    [3,1,2]->[4,3,5]
+    [5]->[7]
+
+**Ambiguity.** Public examples under-determine the program for a controlled share of tasks: a
+task is *ambiguous* when another program of the grammar within one edit of the reference
+(substitute, delete or insert one primitive, or the identity) returns the public outputs on the
+public inputs yet fails at least one hidden test. For each task the generator draws whether it
+should be ambiguous (probability `ambiguity_target`) and then draws public inputs until they
+are (or are not) ambiguous; `is_ambiguous` / `ambiguity_witness` measure it. This is where
+passing the public examples is not passing the hidden tests, the situation retroactive
+correction is for (DESIGN.md §4).
+
+**Determinism and splits.** Task `i` of a split is a pure function of `(seed, split, i)`
+(random access, no state), so the stream is unlimited and reproducible. Splits are disjoint by
+program: a program's split is fixed by a hash of its canonical key, so no program of the test
+split ever appears in train (`split_by="program"`); `split_by="task"` instead only keeps the
+exact (program, public examples) pairs apart.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import random
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from agentic_grpo.tasks import task as task_lib
+
+LIST, INT, STR = "L", "I", "S"
+TYPE_NAMES = {LIST: "list[int]", INT: "int", STR: "str"}
+SPLITS = ("train", "validation", "test")
+ENTRY_POINT = "f"
+PARAM = "x"
+
+
+@dataclasses.dataclass(frozen=True)
+class Primitive:
+  """One typed building block.
+
+  Attributes:
+    name: unique name, used in program keys (`add3`, `sort`).
+    family: the primitive without its constant (`add`, `sort`); sampling picks a family first.
+    in_type, out_type: `L`, `I` or `S`.
+    template: Python expression with `{e}` for the inner expression.
+    needs_atom: whether `{e}` must be atomic (parenthesised otherwise).
+    atomic: whether the rendered expression is atomic (a call, subscript, display).
+    fn: the same function, in process (trusted; used for generating expected outputs).
+  """
+  name: str
+  family: str
+  in_type: str
+  out_type: str
+  template: str
+  needs_atom: bool
+  atomic: bool
+  fn: Callable[[Any], Any]
+
+
+def _prims() -> tuple[Primitive, ...]:
+  """The grammar. Each template and `fn` must agree exactly (checked by the tests)."""
+  p = []
+
+  def add(name, family, t_in, t_out, template, needs_atom, atomic, fn):
+    p.append(Primitive(name, family, t_in, t_out, template, needs_atom, atomic, fn))
+
+  # list[int] -> list[int]
+  for k in (1, 2, 3):
+    add(f"add{k}", "add", LIST, LIST, f"[v+{k} for v in {{e}}]", False, True,
+        lambda xs, k=k: [v + k for v in xs])
+  for k in (2, 3):
+    add(f"mul{k}", "mul", LIST, LIST, f"[v*{k} for v in {{e}}]", False, True,
+        lambda xs, k=k: [v * k for v in xs])
+  for k in (2, 3):
+    add(f"mod{k}", "mod", LIST, LIST, f"[v%{k} for v in {{e}}]", False, True,
+        lambda xs, k=k: [v % k for v in xs])
+  add("even", "even", LIST, LIST, "[v for v in {e} if v%2==0]", False, True,
+      lambda xs: [v for v in xs if v % 2 == 0])
+  add("odd", "odd", LIST, LIST, "[v for v in {e} if v%2]", False, True,
+      lambda xs: [v for v in xs if v % 2])
+  for k in (2, 4, 6):
+    add(f"gt{k}", "gt", LIST, LIST, f"[v for v in {{e}} if v>{k}]", False, True,
+        lambda xs, k=k: [v for v in xs if v > k])
+  add("sort", "sort", LIST, LIST, "sorted({e})", False, True, sorted)
+  add("rev", "rev", LIST, LIST, "{e}[::-1]", True, True, lambda xs: xs[::-1])
+  for k in (1, 2, 3):
+    add(f"take{k}", "take", LIST, LIST, f"{{e}}[:{k}]", True, True, lambda xs, k=k: xs[:k])
+  for k in (1, 2):
+    add(f"drop{k}", "drop", LIST, LIST, f"{{e}}[{k}:]", True, True, lambda xs, k=k: xs[k:])
+  add("uniq", "uniq", LIST, LIST, "list(dict.fromkeys({e}))", False, True,
+      lambda xs: list(dict.fromkeys(xs)))
+  # list[int] -> int
+  add("sum", "sum", LIST, INT, "sum({e})", False, True, sum)
+  add("max", "max", LIST, INT, "max({e},default=0)", False, True, lambda xs: max(xs, default=0))
+  add("min", "min", LIST, INT, "min({e},default=0)", False, True, lambda xs: min(xs, default=0))
+  add("len", "len", LIST, INT, "len({e})", False, True, len)
+  # int -> int
+  for k in (1, 2, 5):
+    add(f"iadd{k}", "iadd", INT, INT, f"{{e}}+{k}", True, False, lambda v, k=k: v + k)
+  for k in (2, 3):
+    add(f"imul{k}", "imul", INT, INT, f"{{e}}*{k}", True, False, lambda v, k=k: v * k)
+  for k in (2, 3, 5):
+    add(f"imod{k}", "imod", INT, INT, f"{{e}}%{k}", True, False, lambda v, k=k: v % k)
+  # str -> str
+  add("upper", "upper", STR, STR, "{e}.upper()", True, True, str.upper)
+  add("srev", "srev", STR, STR, "{e}[::-1]", True, True, lambda s: s[::-1])
+  add("ssort", "ssort", STR, STR, "''.join(sorted({e}))", False, True,
+      lambda s: "".join(sorted(s)))
+  for k in (1, 2, 3):
+    add(f"stake{k}", "stake", STR, STR, f"{{e}}[:{k}]", True, True, lambda s, k=k: s[:k])
+  for k in (1, 2):
+    add(f"sdrop{k}", "sdrop", STR, STR, f"{{e}}[{k}:]", True, True, lambda s, k=k: s[k:])
+  add("suniq", "suniq", STR, STR, "''.join(dict.fromkeys({e}))", False, True,
+      lambda s: "".join(dict.fromkeys(s)))
+  for c in "ab":
+    add(f"del{c}", "del", STR, STR, f"{{e}}.replace('{c}','')", True, True,
+        lambda s, c=c: s.replace(c, ""))
+  for c, d in (("a", "b"), ("c", "a")):
+    add(f"rep{c}{d}", "rep", STR, STR, f"{{e}}.replace('{c}','{d}')", True, True,
+        lambda s, c=c, d=d: s.replace(c, d))
+  add("dup", "dup", STR, STR, "{e}*2", True, False, lambda s: s * 2)
+  # str -> int
+  add("slen", "slen", STR, INT, "len({e})", False, True, len)
+  for c in "ab":
+    add(f"count{c}", "count", STR, INT, f"{{e}}.count('{c}')", True, True,
+        lambda s, c=c: s.count(c))
+  return tuple(p)
+
+
+PRIMITIVES: tuple[Primitive, ...] = _prims()
+BY_NAME: dict[str, Primitive] = {p.name: p for p in PRIMITIVES}
+assert len(BY_NAME) == len(PRIMITIVES)
+
+
+# -------------------------------------------------------------------------------- programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A composition `prims[-1](...prims[1](prims[0](x)))` with input type `in_type`."""
+  in_type: str
+  prims: tuple[Primitive, ...]
+
+  @property
+  def out_type(self) -> str:
+    return self.prims[-1].out_type if self.prims else self.in_type
+
+  @property
+  def key(self) -> str:
+    """Canonical text, e.g. `L:sort|add2`; `parse_program` reads it back."""
+    return f"{self.in_type}:" + "|".join(p.name for p in self.prims)
+
+  def __call__(self, x: Any) -> Any:
+    for p in self.prims:
+      x = p.fn(x)
+    return x
+
+  def expression(self, param: str = PARAM) -> str:
+    """The program as one Python expression of `param`."""
+    expr, atomic = param, True
+    for p in self.prims:
+      inner = expr if (atomic or not p.needs_atom) else f"({expr})"
+      expr, atomic = p.template.format(e=inner), p.atomic
+    return expr
+
+  def signature(self, name: str = ENTRY_POINT, param: str = PARAM) -> str:
+    return f"{name}({param}:{TYPE_NAMES[self.in_type]})->{TYPE_NAMES[self.out_type]}"
+
+  def source(self, name: str = ENTRY_POINT, param: str = PARAM) -> str:
+    """One-line reference solution: `def f(x): return EXPR`."""
+    return f"def {name}({param}): return {self.expression(param)}"
+
+
+def parse_program(key: str) -> Program:
+  """Inverse of `Program.key`.
+
+  Raises:
+    ValueError: for an unknown type or primitive, or a composition that does not type-check.
+  """
+  in_type, sep, rest = key.partition(":")
+  if not sep or in_type not in TYPE_NAMES:
+    raise ValueError(f"program key must start with L:, I: or S:, got {key!r}")
+  prims = []
+  cur = in_type
+  for name in filter(None, rest.split("|")):
+    if name not in BY_NAME:
+      raise ValueError(f"unknown primitive {name!r} in program key {key!r}")
+    p = BY_NAME[name]
+    if p.in_type != cur:
+      raise ValueError(f"primitive {name!r} takes {p.in_type}, gets {cur} in {key!r}")
+    prims.append(p)
+    cur = p.out_type
+  return Program(in_type, tuple(prims))
+
+
+def _typed(in_type: str, prims: Sequence[Primitive]) -> bool:
+  cur = in_type
+  for p in prims:
+    if p.in_type != cur:
+      return False
+    cur = p.out_type
+  return True
+
+
+def neighbors(program: Program, radius: int = 1) -> list[Program]:
+  """Programs within `radius` edits of `program` with the same signature.
+
+  An edit substitutes one primitive by another of the same input and output type, deletes a
+  type-preserving primitive (the empty program is the identity), or inserts a type-preserving
+  primitive anywhere. The program itself is excluded; the result is deduplicated and ordered.
+  """
+  if radius < 1:
+    raise ValueError(f"radius must be >= 1, got {radius}")
+  frontier = {program.prims}
+  seen = {program.prims}
+  for _ in range(radius):
+    nxt = set()
+    for prims in frontier:
+      for cand in _edits(program.in_type, prims):
+        if cand not in seen:
+          seen.add(cand)
+          nxt.add(cand)
+    frontier = nxt
+  out = [Program(program.in_type, c) for c in seen if c != program.prims]
+  out = [q for q in out if q.out_type == program.out_type]
+  return sorted(out, key=lambda q: q.key)
+
+
+def _edits(in_type: str, prims: tuple[Primitive, ...]) -> Iterator[tuple[Primitive, ...]]:
+  types = [in_type]
+  for p in prims:
+    types.append(p.out_type)
+  for i, p in enumerate(prims):
+    for q in PRIMITIVES:
+      if q is not p and q.in_type == p.in_type and q.out_type == p.out_type:
+        yield prims[:i] + (q,) + prims[i + 1:]
+    if p.in_type == p.out_type:
+      yield prims[:i] + prims[i + 1:]
+  for i, t in enumerate(types):
+    for q in PRIMITIVES:
+      if q.in_type == t and q.out_type == t:
+        yield prims[:i] + (q,) + prims[i:]
+
+
+def _outputs(program: Program, inputs: Sequence[Any]) -> list[Any]:
+  return [program(x) for x in inputs]
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+  return all(task_lib.values_equal(x, y) for x, y in zip(a, b))
+
+
+def ambiguity_witness(program: Program, public_inputs: Sequence[Any],
+                      hidden_inputs: Sequence[Any], radius: int = 1) -> Optional[Program]:
+  """A program near `program` that passes the public examples but fails a hidden test.
+
+  Args:
+    program: the reference program.
+    public_inputs: inputs of the public examples (outputs are `program`'s).
+    hidden_inputs: inputs of the hidden tests.
+    radius: edit radius of the candidate set (`neighbors`).
+
+  Returns:
+    The first such program in key order, or None when the public examples single out
+    `program` among its neighbours (as far as the hidden tests can tell).
+  """
+  pub = _outputs(program, public_inputs)
+  hid = _outputs(program, hidden_inputs)
+  for q in neighbors(program, radius):
+    if _same(_outputs(q, public_inputs), pub) and not _same(_outputs(q, hidden_inputs), hid):
+      return q
+  return None
+
+
+def is_ambiguous(task: task_lib.Task, radius: int = 1) -> bool:
+  """Whether a nearby program passes `task`'s public examples but fails a hidden test.
+
+  Raises:
+    ValueError: if `task` is not a synthetic task (no `program` in its metadata).
+  """
+  if "program" not in task.metadata:
+    raise ValueError(f"task {task.task_id!r} has no synthetic program in its metadata")
+  program = parse_program(task.metadata["program"])
+  return ambiguity_witness(program, [e.args[0] for e in task.public_examples],
+                           [e.args[0] for e in task.hidden_tests], radius) is not None
+
+
+# ------------------------------------------------------------------------------- generator
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+  """Knobs of the synthetic task distribution.
+
+  Attributes:
+    seed: base seed; task `i` of a split depends only on (seed, split, i).
+    depths: composition depths (difficulty levels) to draw from.
+    depth_weights: relative weights of `depths` (uniform if None).
+    string_prob: probability that the input is a `str` rather than a `list[int]`.
+    num_public: choices for the number of public examples.
+    num_hidden: hidden tests per task (>= 8).
+    public_len: (min, max) length of public inputs.
+    probe_len: (min, max) length of the probe input.
+    hidden_len: (min, max) length of hidden inputs.
+    max_int: list elements are drawn from 0..max_int.
+    alphabet: letters of string inputs.
+    ambiguity_target: probability that a task's public examples are drawn to be ambiguous
+      (a program for which the wanted kind of public inputs is not found is redrawn).
+    public_attempts: draws of ambiguous public inputs, and size of the pool that separating
+      public inputs are picked from, before a program is redrawn.
+    split_fractions: shares of the program-hash space for train, validation, test.
+    split_by: `program` (no program shared across splits) or `task`.
+  """
+  seed: int = 0
+  depths: tuple[int, ...] = (1, 2, 3)
+  depth_weights: Optional[tuple[float, ...]] = None
+  string_prob: float = 0.4
+  num_public: tuple[int, ...] = (2, 3)
+  num_hidden: int = 8
+  public_len: tuple[int, int] = (1, 5)
+  probe_len: tuple[int, int] = (2, 4)
+  hidden_len: tuple[int, int] = (0, 6)
+  max_int: int = 9
+  alphabet: str = "abcdef"
+  ambiguity_target: float = 0.3
+  public_attempts: int = 40
+  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+  split_by: str = "program"
+
+  def __post_init__(self):
+    if not self.depths or min(self.depths) < 1:
+      raise ValueError(f"depths must be non-empty and >= 1, got {self.depths}")
+    if self.depth_weights is not None and len(self.depth_weights) != len(self.depths):
+      raise ValueError(f"depth_weights must match depths {self.depths}, got {self.depth_weights}")
+    if self.num_hidden < 8:
+      raise ValueError(f"num_hidden must be >= 8, got {self.num_hidden}")
+    if not self.num_public or min(self.num_public) < 1:
+      raise ValueError(f"num_public must be non-empty and >= 1, got {self.num_public}")
+    for name in ("public_len", "probe_len", "hidden_len"):
+      lo, hi = getattr(self, name)
+      if not 0 <= lo <= hi:
+        raise ValueError(f"{name} must be (min, max) with 0 <= min <= max, got {(lo, hi)}")
+    if self.public_len[0] < 1:
+      raise ValueError(f"public_len min must be >= 1, got {self.public_len}")
+    if not 0.0 <= self.ambiguity_target <= 1.0:
+      raise ValueError(f"ambiguity_target must be in [0, 1], got {self.ambiguity_target}")
+    if not 0.0 <= self.string_prob <= 1.0:
+      raise ValueError(f"string_prob must be in [0, 1], got {self.string_prob}")
+    if (len(self.split_fractions) != 3 or min(self.split_fractions) <= 0
+        or abs(sum(self.split_fractions) - 1.0) > 1e-9):
+      raise ValueError(f"split_fractions must be 3 positive shares summing to 1, "
+                       f"got {self.split_fractions}")
+    if self.split_by not in ("program", "task"):
+      raise ValueError(f"split_by must be 'program' or 'task', got {self.split_by!r}")
+    if self.max_int < 1 or len(set(self.alphabet)) < 3:
+      raise ValueError(f"max_int must be >= 1 and alphabet have >= 3 letters, got "
+                       f"{self.max_int}, {self.alphabet!r}")
+
+
+def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
+  """The split a program or task key belongs to, from a stable hash of the key."""
+  h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+  edge = 0.0
+  for name, frac in zip(SPLITS, fractions):
+    edge += frac
+    if h < edge:
+      return name
+  return SPLITS[-1]
+
+
+class SyntheticTasks:
+  """Random-access, unlimited source of synthetic tasks.
+
+  `tasks.task("train", 17)` is the same `Task` in every process for the same config.
+  """
+
+  def __init__(self, config: SyntheticConfig = SyntheticConfig()):
+    self.config = config
+    self._families: dict[str, list[list[Primitive]]] = {}
+    for t in TYPE_NAMES:
+      fams: dict[str, list[Primitive]] = {}
+      for p in PRIMITIVES:
+        if p.in_type == t:
+          fams.setdefault(p.family, []).append(p)
+      self._families[t] = list(fams.values())
+
+  def task(self, split: str, index: int) -> task_lib.Task:
+    """Task number `index` (>= 0) of `split` (`train`, `validation` or `test`).
+
+    Raises:
+      ValueError: for an unknown split or a negative index.
+      RuntimeError: if no program of the configured depths falls into `split` (a config whose
+        grammar slice is too small for the split fractions).
+    """
+    if split not in SPLITS:
+      raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not isinstance(index, int) or index < 0:
+      raise ValueError(f"index must be an int >= 0, got {index!r}")
+    rng = random.Random(f"agentic_grpo.synthetic/{self.config.seed}/{split}/{index}")
+    # Drawn once per task, so that programs rejected for the wrong ambiguity do not skew it.
+    want_ambiguous = rng.random() < self.config.ambiguity_target
+    fractions, by_program = self.config.split_fractions, self.config.split_by == "program"
+    for _ in range(100_000):
+      program = self._program(rng)
+      if by_program and split_of(program.key, fractions) != split:
+        continue
+      made = self._draw(rng, program, want_ambiguous)
+      if made is None:
+        continue
+      publics, hidden, probe = made
+      key = program.key + "#" + "|".join(task_lib.format_value(x) for x in publics)
+      if by_program or split_of(key, fractions) == split:
+        return self._build(split, index, program, publics, hidden, probe)
+    raise RuntimeError(f"no program of depths {self.config.depths} falls into split {split!r}")
+
+  def tasks(self, split: str, start: int = 0, count: Optional[int] = None
+            ) -> Iterator[task_lib.Task]:
+    """Tasks `start, start+1, ...` of `split`; unlimited when `count` is None."""
+    indices = itertools.count(start) if count is None else range(start, start + count)
+    for i in indices:
+      yield self.task(split, i)
+
+  # -------------------------------------------------------------------------- internals
+
+  def _program(self, rng: random.Random) -> Program:
+    c = self.config
+    depth = rng.choices(c.depths, weights=c.depth_weights)[0]
+    in_type = STR if rng.random() < c.string_prob else LIST
+    cur, prims = in_type, []
+    for _ in range(depth):
+      family = rng.choice(self._families[cur])
+      p = rng.choice(family)
+      prims.append(p)
+      cur = p.out_type
+    return Program(in_type, tuple(prims))
+
+  def _input(self, rng: random.Random, in_type: str, lo: int, hi: int) -> Any:
+    n = rng.randint(lo, hi)
+    if in_type == LIST:
+      return [rng.randint(0, self.config.max_int) for _ in range(n)]
+    return "".join(rng.choice(self.config.alphabet) for _ in range(n))
+
+  def _distinct_inputs(self, rng, in_type, lo, hi, n, exclude=()) -> Optional[list[Any]]:
+    out, seen = [], {repr(x) for x in exclude}
+    for _ in range(50 * n):
+      x = self._input(rng, in_type, lo, hi)
+      if repr(x) not in seen:
+        seen.add(repr(x))
+        out.append(x)
+        if len(out) == n:
+          return out
+    return None
+
+  def _draw(self, rng: random.Random, program: Program, want_ambiguous: bool):
+    """Hidden, public and probe inputs for `program`, or None if it is degenerate."""
+    c = self.config
+    hidden = self._distinct_inputs(rng, program.in_type, *c.hidden_len, c.num_hidden)
+    if hidden is None:
+      return None
+    hid_out = _outputs(program, hidden)
+    # Degenerate: constant on the hidden inputs, or some primitive is redundant there.
+    if all(task_lib.values_equal(o, hid_out[0]) for o in hid_out[1:]):
+      return None
+    for i, p in enumerate(program.prims):
+      if p.in_type == p.out_type:
+        shorter = Program(program.in_type, program.prims[:i] + program.prims[i + 1:])
+        if _same(_outputs(shorter, hidden), hid_out):
+          return None
+    # Neighbours that the hidden tests tell apart from the program.
+    rivals = [q for q in neighbors(program) if not _same(_outputs(q, hidden), hid_out)]
+    n_pub = rng.choice(c.num_public)
+    if want_ambiguous:
+      publics = None
+      for _ in range(c.public_attempts):
+        publics = self._distinct_inputs(rng, program.in_type, *c.public_len, n_pub,
+                                        exclude=hidden)
+        if publics is None:
+          return None
+        pub_out = _outputs(program, publics)
+        if any(_same(_outputs(q, publics), pub_out) for q in rivals):
+          break
+      else:
+        return None  # no ambiguous public inputs found: draw another program
+    else:
+      publics = self._separating_inputs(rng, program, rivals, n_pub, exclude=hidden)
+      if publics is None:
+        return None  # the rivals cannot all be told apart: draw another program
+    probe = self._distinct_inputs(rng, program.in_type, *c.probe_len, 1, exclude=publics)
+    if probe is None:
+      return None
+    return publics, hidden, probe[0]
+
+  def _separating_inputs(self, rng, program, rivals, n, exclude):
+    """Greedily picks `n` inputs from a random pool that tell `program` from most `rivals`."""
+    c = self.config
+    pool = self._distinct_inputs(rng, program.in_type, *c.public_len, c.public_attempts,
+                                 exclude=exclude)
+    if pool is None:
+      return None
+    outs = [program(x) for x in pool]
+    kills = [{j for j, q in enumerate(rivals) if not task_lib.values_equal(q(x), o)}
+             for x, o in zip(pool, outs)]
+    chosen, covered = [], set()
+    for _ in range(n):
+      best = max((i for i in range(len(pool)) if i not in chosen),
+                 key=lambda i: len(kills[i] - covered))
+      chosen.append(best)
+      covered |= kills[best]
+    if len(covered) < len(rivals):
+      return None
+    rng.shuffle(chosen)
+    return [pool[i] for i in chosen]
+
+  def _build(self, split, index, program, publics, hidden, probe) -> task_lib.Task:
+    public_examples = tuple(task_lib.Example((x,), program(x)) for x in publics)
+    hidden_tests = tuple(task_lib.Example((x,), program(x)) for x in hidden)
+    signature = program.signature()
+    prompt = "\n".join([signature] + [task_lib.format_example(e) for e in public_examples])
+    return task_lib.Task(
+        task_id=f"syn-{split}-{self.config.seed}-{index}",
+        prompt=prompt,
+        entry_point=ENTRY_POINT,
+        signature=signature,
+        public_examples=public_examples,
+        hidden_tests=hidden_tests,
+        reference_solution=program.source(),
+        probe=(probe,),
+        probe_expected=program(probe),
+        difficulty=len(program.prims),
+        source="synthetic",
+        metadata={"program": program.key, "split": split},
+    )

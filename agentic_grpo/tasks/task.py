@@ -1,0 +1,261 @@
+"""The `Task` record shared by every task source, and its compact text format.
+
+A task is a Python function to write: a prompt (what the agent sees), an entry point and its
+signature, a few public input/output examples, hidden tests (I/O examples and/or assert-style
+script code) that decide the final reward, and optionally a trusted reference solution and a
+*probe* input whose output the agent predicts in the hypothesis stage.
+
+Values are plain Python literals (int, float, bool, str, None, and lists, tuples, dicts and sets
+of them). `format_value` writes them compactly (`[3,1,2]`, `'ab'`) so that byte-level models see
+short prompts, and `parse_value` reads them back with `ast.literal_eval` (never `eval`).
+An example line is `ARGS->EXPECTED`, where ARGS are the call's arguments separated by commas:
+`[3,1,2]->[1,2,3]`, `'ab',2->'abab'`.
+"""
+
+import ast
+import dataclasses
+import json
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+ARROW = "->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One I/O test: `entry_point(*args)` must return `expected`."""
+  args: tuple
+  expected: Any
+
+  def __post_init__(self):
+    if not isinstance(self.args, tuple):
+      raise ValueError(f"args must be a tuple, got {type(self.args).__name__}: {self.args!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A coding task, the unit every task source yields.
+
+  Attributes:
+    task_id: unique id, e.g. `syn-train-0-17`, `HumanEval/0`, `mbpp/11`.
+    prompt: the text shown to the agent before its first stage.
+    entry_point: name of the function to write.
+    signature: the function's signature without `def`, e.g. `f(x:list[int])->int`.
+    public_examples: examples the agent sees (also in `prompt`).
+    hidden_tests: I/O tests the agent never sees; the final reward is the fraction passed.
+    reference_solution: trusted Python source defining `entry_point`, or None.
+    probe: arguments of the hypothesis stage's probe input, or None (no hypothesis reward).
+    probe_expected: the reference output on `probe`.
+    hidden_script: assert-style test source (e.g. HumanEval's `check(candidate)`) run as a
+      script test instead of / besides `hidden_tests`, or None.
+    code_context: source prepended to the agent's code before it runs (imports, helpers).
+    difficulty: source-specific difficulty level (composition depth for synthetic tasks).
+    source: `synthetic`, `humaneval`, `mbpp`, ...
+    metadata: extra string fields (e.g. the synthetic program).
+  """
+  task_id: str
+  prompt: str
+  entry_point: str
+  signature: str
+  public_examples: tuple[Example, ...] = ()
+  hidden_tests: tuple[Example, ...] = ()
+  reference_solution: Optional[str] = None
+  probe: Optional[tuple] = None
+  probe_expected: Any = None
+  hidden_script: Optional[str] = None
+  code_context: str = ""
+  difficulty: int = 0
+  source: str = ""
+  metadata: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if not isinstance(self.task_id, str) or not self.task_id:
+      raise ValueError(f"task_id must be a non-empty str, got {self.task_id!r}")
+    if not isinstance(self.entry_point, str) or not self.entry_point.isidentifier():
+      raise ValueError(f"entry_point must be a Python identifier, got {self.entry_point!r}")
+    for name in ("public_examples", "hidden_tests"):
+      value = getattr(self, name)
+      if not isinstance(value, tuple) or not all(isinstance(e, Example) for e in value):
+        raise ValueError(f"{name} must be a tuple of Example, got {value!r:.200}")
+    if not self.hidden_tests and not self.hidden_script:
+      raise ValueError(f"task {self.task_id!r} needs hidden_tests or hidden_script")
+    if self.probe is not None and not isinstance(self.probe, tuple):
+      raise ValueError(f"probe must be a tuple of arguments or None, got {self.probe!r}")
+
+  @property
+  def param_names(self) -> tuple[str, ...]:
+    """Parameter names from `signature` (raises ValueError if it does not parse)."""
+    return signature_params(self.signature)
+
+
+def signature_params(signature: str) -> tuple[str, ...]:
+  """Parameter names of a signature like `f(x:list[int],k:int)->int`.
+
+  Raises:
+    ValueError: if `signature` is not a Python function signature.
+  """
+  try:
+    tree = ast.parse(f"def {signature.strip()}:\n  pass\n")
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+  except (SyntaxError, AssertionError, IndexError, ValueError) as e:
+    raise ValueError(f"signature does not parse: {signature!r}") from e
+  args = fn.args
+  return tuple(a.arg for a in args.posonlyargs + args.args)
+
+
+# ------------------------------------------------------------------------------------ literals
+
+
+def format_value(value: Any) -> str:
+  """Compact literal text of `value` (no spaces after commas); `parse_value` reads it back."""
+  if isinstance(value, (bool, int, float, str, bytes)) or value is None:
+    return repr(value)
+  if isinstance(value, list):
+    return "[" + ",".join(format_value(v) for v in value) + "]"
+  if isinstance(value, tuple):
+    inner = ",".join(format_value(v) for v in value)
+    return f"({inner},)" if len(value) == 1 else f"({inner})"
+  if isinstance(value, dict):
+    return "{" + ",".join(f"{format_value(k)}:{format_value(v)}" for k, v in value.items()) + "}"
+  if isinstance(value, (set, frozenset)):
+    if not value:
+      return "set()"
+    return "{" + ",".join(sorted(format_value(v) for v in value)) + "}"
+  return repr(value)
+
+
+def format_args(args: tuple) -> str:
+  """Arguments of a call, comma-separated: `([1,2], 3)` -> `[1,2],3`."""
+  return ",".join(format_value(a) for a in args)
+
+
+def format_example(example: Example) -> str:
+  """`ARGS->EXPECTED` line of an example."""
+  return f"{format_args(example.args)}{ARROW}{format_value(example.expected)}"
+
+
+def parse_value(text: str) -> Any:
+  """Reads a literal with `ast.literal_eval`.
+
+  Raises:
+    ValueError: if `text` is not a Python literal (any parser failure, including recursion or
+      integer-size limits, is reported as ValueError).
+  """
+  try:
+    return ast.literal_eval(text.strip())
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"not a literal: {text!r:.80}") from e
+
+
+def parse_args(text: str) -> tuple:
+  """Reads comma-separated call arguments: `[1,2],3` -> `([1, 2], 3)`.
+
+  Raises:
+    ValueError: if `text` is empty or not a comma-separated list of literals.
+  """
+  if not text.strip():
+    raise ValueError("empty argument list")
+  value = parse_value(f"({text},)")
+  if not isinstance(value, tuple):
+    raise ValueError(f"not an argument list: {text!r:.80}")
+  return value
+
+
+def parse_example(line: str) -> Example:
+  """Reads an `ARGS->EXPECTED` line. Tries every `->` so that string values may contain one.
+
+  Raises:
+    ValueError: if no split gives literal arguments and a literal expected value.
+  """
+  start = 0
+  while True:
+    pos = line.find(ARROW, start)
+    if pos < 0:
+      raise ValueError(f"not an ARGS->EXPECTED line: {line!r:.80}")
+    try:
+      return Example(parse_args(line[:pos]), parse_value(line[pos + len(ARROW):]))
+    except ValueError:
+      start = pos + 1
+
+
+def values_equal(a: Any, b: Any) -> bool:
+  """Strict equality of literals: same types all the way down (`True != 1`, `1 != 1.0`).
+
+  Floats compare exactly, except that two NaNs are equal.
+  """
+  if type(a) is not type(b):  # pylint: disable=unidiomatic-typecheck
+    return False
+  if isinstance(a, float):
+    return a == b or (math.isnan(a) and math.isnan(b))
+  if isinstance(a, (list, tuple)):
+    return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
+  if isinstance(a, dict):
+    return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+  return a == b
+
+
+# ------------------------------------------------------------------------------- serialisation
+
+_SCALAR_FIELDS = ("task_id", "prompt", "entry_point", "signature", "reference_solution",
+                  "hidden_script", "code_context", "difficulty", "source")
+
+
+def _examples_to_text(examples: Sequence[Example]) -> str:
+  return format_value([(e.args, e.expected) for e in examples])
+
+
+def _examples_from_text(text: str) -> tuple[Example, ...]:
+  return tuple(Example(tuple(a), e) for a, e in parse_value(text))
+
+
+def task_to_dict(task: Task) -> dict[str, Any]:
+  """JSON-compatible dict of a task; values are stored as literal text (tuples survive)."""
+  d = {k: getattr(task, k) for k in _SCALAR_FIELDS}
+  d["public_examples"] = _examples_to_text(task.public_examples)
+  d["hidden_tests"] = _examples_to_text(task.hidden_tests)
+  d["probe"] = None if task.probe is None else format_value(task.probe)
+  d["probe_expected"] = format_value(task.probe_expected)
+  d["metadata"] = dict(task.metadata)
+  return d
+
+
+def task_from_dict(d: Mapping[str, Any]) -> Task:
+  """Inverse of `task_to_dict`.
+
+  Raises:
+    ValueError: naming the field that is missing or malformed.
+  """
+  kwargs = {}
+  for k in _SCALAR_FIELDS:
+    if k not in d:
+      raise ValueError(f"task dict lacks field {k!r}")
+    kwargs[k] = d[k]
+  for k in ("public_examples", "hidden_tests"):
+    try:
+      kwargs[k] = _examples_from_text(d[k])
+    except (KeyError, ValueError, TypeError) as e:
+      raise ValueError(f"field {k!r}: {e}") from e
+  try:
+    kwargs["probe"] = None if d.get("probe") is None else tuple(parse_value(d["probe"]))
+    kwargs["probe_expected"] = parse_value(d.get("probe_expected", "None"))
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"field 'probe': {e}") from e
+  kwargs["metadata"] = dict(d.get("metadata") or {})
+  return Task(**kwargs)
+
+
+def task_to_json(task: Task) -> str:
+  """One-line JSON of a task."""
+  return json.dumps(task_to_dict(task), sort_keys=True)
+
+
+def task_from_json(text: str) -> Task:
+  """Inverse of `task_to_json` (raises ValueError on malformed input)."""
+  try:
+    d = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"not JSON: {e}") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"task JSON must be an object, got {type(d).__name__}")
+  return task_from_dict(d)
