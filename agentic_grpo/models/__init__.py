@@ -1,0 +1,1 @@
+"""Device-side policy: transformer, KV-cache sampler, tokenizers, checkpoint import."""

@@ -1,0 +1,543 @@
+"""Decoder-only transformer of the Llama / Qwen2 family in Flax NNX.
+
+Architecture (Touvron et al., 2023, "LLaMA"; Qwen2 technical report, 2024):
+pre-norm blocks with RMSNorm (Zhang & Sennrich, 2019), rotary position
+embeddings (Su et al., 2021, "RoFormer") in the "rotate half" layout used by
+Hugging Face checkpoints, grouped-query attention (Ainslie et al., 2023),
+optional q/k/v biases (Qwen2), a SwiGLU MLP (Shazeer, 2020) and tied or untied
+input/output embeddings.
+
+The module is used functionally: `init_model` splits it once into a static
+`graphdef` and a `params` state; `apply(graphdef, params, ...)` is a pure
+function to call under `jax.jit`. Every parameter carries its logical axis
+names (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`) as the NNX
+variable metadata `out_sharding`, so `nnx.get_partition_spec(params)` under
+`nnx.logical_axis_rules(...)` yields mesh partition specs; no mesh axis
+appears here and nothing needs an active mesh.
+
+Attention masking is by storage order plus validity: a query attends to keys
+stored at or before its own slot whose `segment_mask` entry is True. Positions
+only drive the rotary embedding, so right-padded rows, ragged prompts in a KV
+cache and empty cache slots all use the same rule.
+"""
+
+import dataclasses
+import math
+from typing import Any, NamedTuple, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo.core import logprobs as logprobs_lib
+
+# Finite "minus infinity" for masked attention scores: a fully masked query row
+# gets uniform attention instead of NaN.
+_MASK_VALUE = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+  """Llama 3.1+ rotary frequency scaling (`rope_type: llama3` in HF configs).
+
+  Low frequencies (wavelength above `original_max_position /
+  low_freq_factor`) are divided by `factor`, high frequencies are kept and the
+  band in between is interpolated smoothly.
+  """
+  factor: float = 32.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of a decoder-only transformer.
+
+  Attributes:
+    vocab_size: number of token ids.
+    d_model: residual stream width.
+    n_layers: number of transformer blocks.
+    n_heads: query heads.
+    n_kv_heads: key/value heads (grouped-query attention); divides `n_heads`.
+    head_dim: width of one attention head.
+    mlp_dim: hidden width of the SwiGLU MLP.
+    rope_theta: rotary embedding base.
+    qkv_bias: whether q/k/v projections have biases (Qwen2).
+    tie_embeddings: output projection is the transposed input embedding.
+    norm_eps: RMSNorm epsilon.
+    max_seq_len: longest position the model is used with.
+    dtype: compute dtype of activations (logits are always float32).
+    param_dtype: storage dtype of parameters.
+    rope_scaling: optional Llama 3 frequency scaling.
+  """
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float = 10_000.0
+  qkv_bias: bool = False
+  tie_embeddings: bool = True
+  norm_eps: float = 1e-6
+  max_seq_len: int = 2048
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  rope_scaling: Optional[Llama3RopeScaling] = None
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "head_dim", "mlp_dim", "max_seq_len"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "
+          f"n_kv_heads ({self.n_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, "
+                       f"got {self.head_dim}")
+    if not self.rope_theta > 0:
+      raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
+    if not self.norm_eps > 0:
+      raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+    for name in ("dtype", "param_dtype"):
+      dt = jnp.dtype(getattr(self, name))
+      if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"ModelConfig.{name} must be a float dtype, got {dt}")
+      object.__setattr__(self, name, dt)
+
+  @property
+  def group_size(self) -> int:
+    """Query heads per key/value head."""
+    return self.n_heads // self.n_kv_heads
+
+
+_PRESETS = {
+    # Byte-level CPU default (~1M params): vocab = ByteTokenizer() default
+    # (256 bytes + <pad>, <bos>, <eos> + 10 stage delimiters).
+    "tiny": ModelConfig(
+        vocab_size=269, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+        head_dim=32, mlp_dim=512, rope_theta=10_000.0, qkv_bias=False,
+        tie_embeddings=True, norm_eps=1e-6, max_seq_len=512),
+    # Shapes of the published checkpoints (config.json of each model).
+    "qwen2_0_5b": ModelConfig(
+        vocab_size=151_936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+        head_dim=64, mlp_dim=4864, rope_theta=1_000_000.0, qkv_bias=True,
+        tie_embeddings=True, norm_eps=1e-6, max_seq_len=32_768,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "qwen2_1_5b": ModelConfig(
+        vocab_size=151_936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+        head_dim=128, mlp_dim=8960, rope_theta=1_000_000.0, qkv_bias=True,
+        tie_embeddings=True, norm_eps=1e-6, max_seq_len=32_768,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "qwen2_7b": ModelConfig(
+        vocab_size=152_064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+        head_dim=128, mlp_dim=18_944, rope_theta=1_000_000.0, qkv_bias=True,
+        tie_embeddings=False, norm_eps=1e-6, max_seq_len=32_768,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "llama3_2_1b": ModelConfig(
+        vocab_size=128_256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+        head_dim=64, mlp_dim=8192, rope_theta=500_000.0, qkv_bias=False,
+        tie_embeddings=True, norm_eps=1e-5, max_seq_len=131_072,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
+        rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192)),
+    "llama3_2_3b": ModelConfig(
+        vocab_size=128_256, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8,
+        head_dim=128, mlp_dim=8192, rope_theta=500_000.0, qkv_bias=False,
+        tie_embeddings=True, norm_eps=1e-5, max_seq_len=131_072,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
+        rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192)),
+}
+
+PRESETS = tuple(_PRESETS)
+
+
+def get_model_config(name: str, **overrides) -> ModelConfig:
+  """Returns a preset `ModelConfig`, optionally with fields replaced.
+
+  Args:
+    name: one of `PRESETS` (`tiny`, `qwen2_0_5b`, `qwen2_1_5b`, `qwen2_7b`,
+      `llama3_2_1b`, `llama3_2_3b`). Only `tiny` is meant to be initialised
+      randomly; the others give the shapes of the published checkpoints.
+    **overrides: `ModelConfig` fields to replace (e.g. `vocab_size=`).
+
+  Raises:
+    ValueError: unknown `name` or invalid override.
+  """
+  if name not in _PRESETS:
+    raise ValueError(f"unknown model preset name {name!r}; known: {list(_PRESETS)}")
+  try:
+    return dataclasses.replace(_PRESETS[name], **overrides)
+  except TypeError as e:
+    raise ValueError(f"invalid overrides {sorted(overrides)} for ModelConfig: {e}") from e
+
+
+class KVCache(NamedTuple):
+  """Key/value cache of all layers.
+
+  Attributes:
+    k: per layer `[N, S, n_kv_heads, head_dim]` keys (rotary applied).
+    v: per layer `[N, S, n_kv_heads, head_dim]` values.
+    valid: `[N, S]` bool, slots holding a real token.
+    index: int32 scalar, next slot to write (same for all rows).
+  """
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  valid: jax.Array
+  index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int) -> KVCache:
+  """An empty cache for `batch_size` rows and `max_len` slots (config dtype)."""
+  if batch_size <= 0 or max_len <= 0:
+    raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
+  shape = (batch_size, max_len, config.n_kv_heads, config.head_dim)
+  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
+  zeros_v = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
+  return KVCache(k=zeros, v=zeros_v, valid=jnp.zeros((batch_size, max_len), jnp.bool_),
+                 index=jnp.zeros((), jnp.int32))
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def _param(rngs, init, shape, axes, dtype) -> nnx.Param:
+  """A parameter with logical axis names; no eager sharding (no mesh needed)."""
+  return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+
+
+def _normal(stddev):
+  def init(key, shape, dtype):
+    return (stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(dtype)
+  return init
+
+
+def _ones(key, shape, dtype):
+  del key
+  return jnp.ones(shape, dtype)
+
+
+def _zeros(key, shape, dtype):
+  del key
+  return jnp.zeros(shape, dtype)
+
+
+def _dot(eq, x, w, dtype):
+  return jnp.einsum(eq, x, w.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, scaled by a learned `[D]` weight."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.eps = config.norm_eps
+    self.scale = _param(rngs, _ones, (config.d_model,), ("embed",), config.param_dtype)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (self.scale[...].astype(jnp.float32) * x32.astype(x.dtype).astype(jnp.float32)
+            ).astype(x.dtype)
+
+
+def rope_frequencies(config: ModelConfig) -> np.ndarray:
+  """Inverse rotary frequencies `[head_dim // 2]` float32 (with Llama 3 scaling)."""
+  dim = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  s = config.rope_scaling
+  if s is not None:
+    low_wavelen = s.original_max_position / s.low_freq_factor
+    high_wavelen = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv = np.where(medium, smoothed, scaled)
+  return inv.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotary embedding, rotate-half layout. x `[N, T, H, Dh]`, positions `[N, T]`."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, T, Dh/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with rotary embeddings and optional q/k/v bias."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    d, h, kv, dh = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
+    pd = c.param_dtype
+    self.q = _param(rngs, _normal(d ** -0.5), (d, h, dh), ("embed", "heads", "head_dim"), pd)
+    self.k = _param(rngs, _normal(d ** -0.5), (d, kv, dh), ("embed", "kv_heads", "head_dim"), pd)
+    self.v = _param(rngs, _normal(d ** -0.5), (d, kv, dh), ("embed", "kv_heads", "head_dim"), pd)
+    self.o = _param(rngs, _normal((h * dh * 2 * c.n_layers) ** -0.5), (h, dh, d),
+                    ("heads", "head_dim", "embed"), pd)
+    if c.qkv_bias:
+      self.q_bias = _param(rngs, _zeros, (h, dh), ("heads", "head_dim"), pd)
+      self.k_bias = _param(rngs, _zeros, (kv, dh), ("kv_heads", "head_dim"), pd)
+      self.v_bias = _param(rngs, _zeros, (kv, dh), ("kv_heads", "head_dim"), pd)
+    else:
+      self.q_bias = self.k_bias = self.v_bias = None
+
+  def __call__(self, x, positions, mask, layer_cache=None, index=None):
+    """x `[N, T, D]`; mask `[N, T, S]` bool; layer_cache (k, v) with S slots."""
+    c = self.config
+    dt = c.dtype
+    q = _dot("ntd,dhk->nthk", x, self.q[...], dt)
+    k = _dot("ntd,dhk->nthk", x, self.k[...], dt)
+    v = _dot("ntd,dhk->nthk", x, self.v[...], dt)
+    if self.q_bias is not None:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    inv_freq = rope_frequencies(c)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    new_cache = None
+    if layer_cache is not None:
+      ck, cv = layer_cache
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+      new_cache = (k, v)
+    n, t = q.shape[:2]
+    q = q.reshape(n, t, c.n_kv_heads, c.group_size, c.head_dim)
+    scores = jnp.einsum("ntkgd,nskd->nkgts", q, k.astype(dt),
+                        preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("nkgts,nskd->ntkgd", probs, v.astype(dt),
+                     preferred_element_type=jnp.float32).astype(dt)
+    out = out.reshape(n, t, c.n_heads, c.head_dim)
+    return _dot("nthk,hkd->ntd", out, self.o[...], dt), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU MLP: `down(silu(gate(x)) * up(x))`."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    d, f, pd = config.d_model, config.mlp_dim, config.param_dtype
+    self.dtype = config.dtype
+    self.gate = _param(rngs, _normal(d ** -0.5), (d, f), ("embed", "mlp"), pd)
+    self.up = _param(rngs, _normal(d ** -0.5), (d, f), ("embed", "mlp"), pd)
+    self.down = _param(rngs, _normal((f * 2 * config.n_layers) ** -0.5), (f, d),
+                       ("mlp", "embed"), pd)
+
+  def __call__(self, x):
+    dt = self.dtype
+    h = jax.nn.silu(_dot("ntd,df->ntf", x, self.gate[...], dt)) * _dot(
+        "ntd,df->ntf", x, self.up[...], dt)
+    return _dot("ntf,fd->ntd", h, self.down[...], dt)
+
+
+class Block(nnx.Module):
+  """Pre-norm transformer block."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(config, rngs=rngs)
+    self.attn = Attention(config, rngs=rngs)
+    self.mlp_norm = RMSNorm(config, rngs=rngs)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, mask, layer_cache=None, index=None):
+    h, new_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, index)
+    x = x + h
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, new_cache
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model returning float32 logits."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    c = config
+    self.embed = _param(rngs, _normal(0.02), (c.vocab_size, c.d_model), ("vocab", "embed"),
+                        c.param_dtype)
+    self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.n_layers)])
+    self.final_norm = RMSNorm(c, rngs=rngs)
+    if c.tie_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = _param(rngs, _normal(c.d_model ** -0.5), (c.d_model, c.vocab_size),
+                            ("embed", "vocab"), c.param_dtype)
+
+  def __call__(self, tokens, positions, cache: Optional[KVCache] = None, segment_mask=None):
+    c = self.config
+    n, t = tokens.shape
+    if segment_mask is None:
+      segment_mask = jnp.ones((n, t), jnp.bool_)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+    if cache is None:
+      valid = segment_mask
+      q_slots = jnp.arange(t)
+      k_slots = jnp.arange(t)
+      index = None
+    else:
+      index = cache.index
+      valid = jax.lax.dynamic_update_slice(cache.valid, segment_mask, (0, index))
+      q_slots = index + jnp.arange(t)
+      k_slots = jnp.arange(cache.valid.shape[1])
+    mask = (k_slots[None, :] <= q_slots[:, None])[None] & valid[:, None, :]  # [N, T, S]
+    new_k, new_v = [], []
+    for i, block in enumerate(self.layers):
+      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      x, layer_new = block(x, positions, mask, layer_cache, index)
+      if layer_new is not None:
+        new_k.append(layer_new[0])
+        new_v.append(layer_new[1])
+    x = self.final_norm(x)
+    if self.lm_head is None:
+      logits = jnp.einsum("ntd,vd->ntv", x, self.embed[...].astype(c.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("ntd,dv->ntv", x, self.lm_head[...].astype(c.dtype),
+                          preferred_element_type=jnp.float32)
+    new_cache = None
+    if cache is not None:
+      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=index + t)
+    return logits, new_cache
+
+
+# ---------------------------------------------------------------- functional API
+
+
+def abstract_model(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """`(graphdef, params)` with `jax.ShapeDtypeStruct` leaves; allocates nothing."""
+  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  return nnx.split(model)
+
+
+def init_params(config: ModelConfig, rng: jax.Array) -> nnx.State:
+  """Random parameters as an `nnx.State` (pure; may be jitted with shardings)."""
+  return nnx.split(Transformer(config, rngs=nnx.Rngs(params=rng)))[1]
+
+
+def init_model(config: ModelConfig, rng) -> tuple[nnx.GraphDef, nnx.State]:
+  """Builds a randomly initialised model and splits it once.
+
+  Args:
+    config: the model shape.
+    rng: a `jax.random` key or an int seed.
+
+  Returns:
+    `(graphdef, params)`: the static module structure and an `nnx.State` of
+    `nnx.Param`s (leaves `param_dtype`, each with `out_sharding` metadata of
+    logical axis names).
+
+  Raises:
+    ValueError: `config` is not a `ModelConfig`.
+  """
+  if not isinstance(config, ModelConfig):
+    raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+  if isinstance(rng, int):
+    rng = jax.random.key(rng)
+  graphdef, _ = abstract_model(config)
+  return graphdef, init_params(config, rng)
+
+
+def param_count(params: nnx.State) -> int:
+  """Total number of parameter scalars."""
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def _check_tokens(tokens, positions, segment_mask):
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [N, T], got shape {tuple(tokens.shape)}")
+  if tuple(positions.shape) != tuple(tokens.shape):
+    raise ValueError(f"positions shape {tuple(positions.shape)} must equal tokens shape "
+                     f"{tuple(tokens.shape)}")
+  if segment_mask is not None and tuple(segment_mask.shape) != tuple(tokens.shape):
+    raise ValueError(f"segment_mask shape {tuple(segment_mask.shape)} must equal tokens "
+                     f"shape {tuple(tokens.shape)}")
+
+
+def apply(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: Optional[KVCache] = None,
+    segment_mask: Optional[jax.Array] = None,
+) -> tuple[jax.Array, Optional[KVCache]]:
+  """Forward pass; pure, to be used under `jax.jit`.
+
+  Args:
+    graphdef: from `init_model` / `load_hf_checkpoint`.
+    params: the matching `nnx.State`.
+    tokens: `[N, T]` int32 token ids.
+    positions: `[N, T]` int32 rotary positions (0 for a row's first token).
+    cache: optional `KVCache`; the T tokens are written at slots
+      `cache.index .. cache.index + T - 1` (the caller keeps this within the
+      cache's S slots) and attend to every valid earlier slot.
+    segment_mask: optional `[N, T]` bool, False on padding; padded tokens are
+      never attended to. Defaults to all True.
+
+  Returns:
+    `(logits [N, T, V] float32, new_cache)`; `new_cache` is None without a
+    cache. Logits at padded query slots are finite but meaningless.
+
+  Raises:
+    ValueError: on rank or shape mismatch of `tokens`, `positions`,
+      `segment_mask`, or a cache whose batch differs from `tokens`.
+  """
+  _check_tokens(tokens, positions, segment_mask)
+  if cache is not None and cache.valid.shape[0] != tokens.shape[0]:
+    raise ValueError(f"cache batch {cache.valid.shape[0]} must equal tokens batch "
+                     f"{tokens.shape[0]}")
+  model = nnx.merge(graphdef, params)
+  return model(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache=cache,
+               segment_mask=None if segment_mask is None else segment_mask.astype(jnp.bool_))
+
+
+def sequence_logprobs(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_mask: Optional[jax.Array],
+    *,
+    temperature=1.0,
+    top_k: int = 0,
+    top_p=1.0,
+) -> jax.Array:
+  """Per-token log-probs of a token row under the sampling transform.
+
+  Entry `t` is `log p(tokens[:, t] | tokens[:, :t])` computed with
+  `core.logprobs.token_logprobs` (the sampler's transform); entry 0 and
+  entries where `segment_mask` is False are 0.
+
+  Args:
+    graphdef, params: the model.
+    tokens: `[N, T]` int32.
+    positions: `[N, T]` int32.
+    segment_mask: `[N, T]` bool or None (all valid).
+    temperature, top_k, top_p: sampling transform, see
+      `core.logprobs.transform_logits`.
+
+  Returns:
+    `[N, T]` float32.
+
+  Raises:
+    ValueError: as `apply` and `core.logprobs.token_logprobs`.
+  """
+  logits, _ = apply(graphdef, params, tokens, positions, segment_mask=segment_mask)
+  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:].astype(jnp.int32),
+                                   temperature=temperature, top_k=top_k, top_p=top_p)
+  lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  if segment_mask is not None:
+    lp = jnp.where(segment_mask, lp, 0.0)
+  return lp

@@ -1,0 +1,115 @@
+"""Tests for agentic_grpo.core.logprobs (the shared sampling transform)."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo.core import logprobs
+
+
+class TransformLogitsTest(parameterized.TestCase):
+
+  def test_temperature_example_from_issue(self):
+    # Logits [2, 1, 0] at temperature 0.5 are [4, 2, 0].
+    lp = logprobs.token_logprobs(jnp.array([[2.0, 1.0, 0.0]]), jnp.array([0]),
+                                 temperature=0.5)
+    expected = jax.nn.log_softmax(jnp.array([4.0, 2.0, 0.0]))[0]
+    np.testing.assert_allclose(lp[0], expected, rtol=1e-6)
+
+  def test_identity_transform_is_log_softmax(self):
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 11))
+    targets = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
+    lp = logprobs.token_logprobs(logits, targets)
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(lp, ref, atol=1e-6)
+    self.assertEqual(lp.dtype, jnp.float32)
+
+  def test_top_k_keeps_k_and_renormalises(self):
+    logits = jnp.array([[3.0, 1.0, 2.0, 0.0, -1.0]])
+    x = logprobs.transform_logits(logits, top_k=2)
+    kept = np.asarray(x[0] > logprobs.MASKED_LOGIT / 2)
+    np.testing.assert_array_equal(kept, [True, False, True, False, False])
+    p = jax.nn.softmax(x[0])
+    np.testing.assert_allclose(p[0], np.exp(3) / (np.exp(3) + np.exp(2)), rtol=1e-6)
+    np.testing.assert_allclose(p.sum(), 1.0, rtol=1e-6)
+
+  def test_top_k_keeps_ties(self):
+    x = logprobs.transform_logits(jnp.array([1.0, 2.0, 2.0, 0.0]), top_k=1)
+    np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
+                                  [False, True, True, False])
+
+  def test_top_p_nucleus(self):
+    probs = np.array([0.05, 0.5, 0.15, 0.3])
+    logits = jnp.log(jnp.asarray(probs))
+    # Sorted: 0.5, 0.3, 0.15, 0.05; mass before each: 0, 0.5, 0.8, 0.95.
+    x = logprobs.transform_logits(logits, top_p=0.7)
+    kept = np.asarray(x > logprobs.MASKED_LOGIT / 2)
+    np.testing.assert_array_equal(kept, [False, True, False, True])
+    lp = logprobs.token_logprobs(logits[None], jnp.array([1]), top_p=0.7)
+    np.testing.assert_allclose(lp[0], np.log(0.5 / 0.8), rtol=1e-5)
+
+  def test_top_p_always_keeps_most_likely(self):
+    x = logprobs.transform_logits(jnp.array([0.0, 5.0, 1.0]), top_p=1e-6)
+    np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
+                                  [False, True, False])
+
+  def test_top_k_then_top_p_on_tempered_distribution(self):
+    logits = jnp.array([4.0, 3.0, 2.0, 1.0, 0.0])
+    x = logprobs.transform_logits(logits, temperature=2.0, top_k=3, top_p=0.5)
+    # After T=2 and top-3: [2, 1.5, 1] -> probs .506, .307, .186: only the first.
+    np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
+                                  [True, False, False, False, False])
+
+  def test_traced_arguments_match_static(self):
+    logits = jax.random.normal(jax.random.key(2), (4, 7, 19)) * 3
+    targets = jax.random.randint(jax.random.key(3), (4, 7), 0, 19)
+
+    @jax.jit
+    def traced(logits, targets, t, p):
+      return logprobs.token_logprobs(logits, targets, temperature=t, top_k=5, top_p=p)
+
+    static = logprobs.token_logprobs(logits, targets, temperature=0.6, top_k=5, top_p=0.9)
+    np.testing.assert_allclose(traced(logits, targets, 0.6, 0.9), static, atol=1e-6)
+
+  def test_masked_target_has_finite_value_and_gradient(self):
+    logits = jnp.array([[5.0, 0.0, -5.0]])
+
+    def f(l):
+      return logprobs.token_logprobs(l, jnp.array([2]), top_k=1).sum()
+
+    value, grad = jax.value_and_grad(f)(logits)
+    self.assertLess(float(value), -1e20)
+    self.assertTrue(np.all(np.isfinite(grad)))
+
+  @parameterized.parameters(
+      dict(kwargs=dict(temperature=0.0), match="temperature"),
+      dict(kwargs=dict(temperature=-1.0), match="temperature"),
+      dict(kwargs=dict(top_k=-1), match="top_k"),
+      dict(kwargs=dict(top_k=1.5), match="top_k"),
+      dict(kwargs=dict(top_p=0.0), match="top_p"),
+      dict(kwargs=dict(top_p=1.5), match="top_p"),
+  )
+  def test_invalid_arguments(self, kwargs, match):
+    with self.assertRaisesRegex(ValueError, match):
+      logprobs.transform_logits(jnp.zeros((2, 3)), **kwargs)
+
+  def test_target_shape_mismatch(self):
+    with self.assertRaisesRegex(ValueError, "targets shape"):
+      logprobs.token_logprobs(jnp.zeros((2, 3, 5)), jnp.zeros((2, 4), jnp.int32))
+
+  def test_distribution_normalised_under_filters(self):
+    logits = jax.random.normal(jax.random.key(4), (16, 33)) * 4
+    for kw in (dict(temperature=0.6), dict(top_k=7), dict(top_p=0.9),
+               dict(temperature=1.3, top_k=10, top_p=0.8)):
+      p = jax.nn.softmax(logprobs.transform_logits(logits, **kw), axis=-1)
+      chex.assert_trees_all_close(p.sum(-1), jnp.ones(16), atol=1e-5)
+      # The argmax always survives.
+      top = jnp.argmax(logits, -1)
+      self.assertTrue(bool(jnp.all(jnp.take_along_axis(p, top[:, None], -1) > 0)))
+
+
+if __name__ == "__main__":
+  absltest.main()
