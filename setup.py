@@ -9,6 +9,7 @@ _RUNTIME = [
     "orbax-checkpoint>=0.12",
     "chex>=0.1.90",
     "tensorflow-datasets>=4.9.10",
+    "importlib-resources>=6.0",  # tfds needs it to locate builders defined in a package
     "grain>=0.2.18",
     "absl-py>=2.0",
     "ml-collections>=1.0",
