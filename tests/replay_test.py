@@ -1,0 +1,322 @@
+"""Tests for agentic_grpo.replay."""
+
+import collections
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.core import advantages as advantages_lib
+
+G, S = 4, 3
+BUCKETS = (64, 128)
+
+
+def _norm(x):
+  """Independent GRPO normalisation of a `[G]` vector (population std, eps 1e-6)."""
+  x = np.asarray(x, np.float64)
+  if np.ptp(x) == 0:
+    return np.zeros_like(x)
+  return (x - x.mean()) / (x.std() + 1e-6)
+
+
+class _Episodes:
+  """Builds chained stage rows: each stage appends a prompt chunk and a generated chunk."""
+
+  def __init__(self, rng, episode_ids):
+    self.rng = rng
+    self.rows = {e: rng.integers(0, 256, size=5).astype(np.int32) for e in episode_ids}
+    self.masks = {e: np.zeros(5, bool) for e in episode_ids}
+
+  def stage(self, episode_ids):
+    toks, masks, blps = [], [], []
+    for e in episode_ids:
+      prompt = self.rng.integers(0, 256, size=3)
+      gen = self.rng.integers(0, 256, size=int(self.rng.integers(2, 6)))
+      row = np.concatenate([self.rows[e], prompt, gen]).astype(np.int32)
+      mask = np.zeros(row.shape, bool)
+      mask[-len(gen):] = True
+      self.rows[e] = row
+      toks.append(row)
+      masks.append(mask)
+      blps.append(np.where(mask, -self.rng.random(row.shape), 0.0).astype(np.float32))
+    return toks, masks, blps
+
+
+def _make(**kwargs):
+  opts = dict(group_size=G, num_stages=S, capacity=10_000)
+  opts.update(kwargs)
+  return replay_lib.StagedReplay(**opts)
+
+
+def _drain(replay, version=0, rows=8):
+  batches = []
+  while True:
+    b = replay.take(rows, version, BUCKETS)
+    if b is None:
+      return batches
+    batches.append(b)
+
+
+class StagedReplayTest(parameterized.TestCase):
+
+  def test_provisional_only_when_group_completes_stage(self):
+    replay = _make()
+    eps = _Episodes(np.random.default_rng(0), range(G))
+    replay.add_group(7, range(G))
+    toks, masks, blps = eps.stage(range(G))
+    made = replay.add_stage(range(G - 1), 0, toks[:-1], masks[:-1], blps[:-1], 0,
+                            [0.0, 1.0, 0.5])
+    self.assertEqual(made, 0)
+    self.assertEqual(replay.num_ready, 0)
+    made = replay.add_stage([G - 1], 0, toks[-1:], masks[-1:], blps[-1:], 0, [1.0])
+    self.assertEqual(made, G)
+    batch = replay.take(8, 0, BUCKETS)
+    self.assertEqual(batch.kinds, ["provisional"] * G)
+    self.assertEqual({k for _, k, _ in batch.segments}, {0})
+    np.testing.assert_allclose([a for _, _, a in batch.segments], _norm([0, 1, .5, 1]), atol=1e-5)
+    # Stage 1 reported by part of the group only: nothing ready.
+    toks, masks, blps = eps.stage(range(2))
+    self.assertEqual(replay.add_stage(range(2), 1, toks, masks, blps, 1, [1.0, 0.0]), 0)
+    self.assertIsNone(replay.take(8, 1, BUCKETS))
+
+  def test_batch_layout(self):
+    replay = _make()
+    eps = _Episodes(np.random.default_rng(1), range(G))
+    replay.add_group(0, range(G))
+    toks, masks, blps = eps.stage(range(G))
+    replay.add_stage(range(G), 0, toks, masks, blps, 3, [0.0, 1.0, 0.0, 1.0])
+    batch = replay.take(6, 3, BUCKETS)
+    self.assertEqual(batch.tokens.shape, (6, 64))
+    self.assertEqual(batch.tokens.dtype, np.int32)
+    np.testing.assert_array_equal(batch.sample_weights, [1, 1, 1, 1, 0, 0])
+    self.assertFalse(batch.loss_mask[4:].any())
+    for r in range(G):
+      n = len(toks[r])
+      np.testing.assert_array_equal(batch.tokens[r, :n], toks[r])
+      np.testing.assert_array_equal(batch.loss_mask[r, :n], masks[r])
+      np.testing.assert_array_equal(batch.behaviour_logprobs[r, :n], blps[r])
+      self.assertFalse(batch.loss_mask[r, n:].any())
+      # Per-token advantage is the row's advantage on its loss tokens, 0 elsewhere.
+      adv = batch.segments[r][2]
+      np.testing.assert_allclose(batch.advantages[r], np.where(batch.loss_mask[r], adv, 0.0))
+
+  @parameterized.product(target_mode=("outcome", "return", "mixed"),
+                         pack=(True, False), skip_zero=(True, False))
+  def test_provisional_plus_correction_equals_target(self, target_mode, pack, skip_zero):
+    rng = np.random.default_rng(2)
+    replay = _make(target_mode=target_mode, gamma=0.9, beta=0.3, pack_corrections=pack,
+                   skip_zero_advantage=skip_zero)
+    num_groups = 3
+    ids = np.arange(num_groups * G).reshape(num_groups, G)
+    eps = _Episodes(rng, ids.ravel())
+    for g in range(num_groups):
+      replay.add_group(100 + g, ids[g])
+    # Binary rewards make all-equal groups (advantage 0) likely; one skipped stage.
+    stage_r = rng.integers(0, 2, size=(num_groups, G, S)).astype(np.float32)
+    stage_r[0, 1, 2] = 0.0
+    valid = np.ones((num_groups, G, S), bool)
+    valid[0, 1, 2] = False
+    final_r = rng.integers(0, 3, size=(num_groups, G)).astype(np.float32) / 2
+    total = collections.defaultdict(float)
+    kinds = collections.Counter()
+    for k in range(S):
+      toks, masks, blps = eps.stage(ids.ravel())
+      replay.add_stage(ids.ravel(), k, toks, masks, blps, k, stage_r[..., k].ravel(),
+                       valid[..., k].ravel())
+      for b in _drain(replay, k):
+        kinds.update(b.kinds)
+        for e, s, a in b.segments:
+          total[(e, s)] += a
+    replay.finish(ids.ravel(), final_r.ravel())
+    for b in _drain(replay, S):
+      kinds.update(b.kinds)
+      for e, s, a in b.segments:
+        total[(e, s)] += a
+    target = np.asarray(advantages_lib.target_advantages(
+        stage_r, final_r, mode=target_mode, gamma=0.9, beta=0.3, valid=valid))
+    if target_mode == "outcome":  # Independent check of the outcome target.
+      for g in range(num_groups):
+        np.testing.assert_allclose(target[g, valid[g].all(-1), 0],
+                                   _norm(final_r[g])[valid[g].all(-1)], atol=1e-5)
+    for g in range(num_groups):
+      for i in range(G):
+        for k in range(S):
+          got = total.get((int(ids[g, i]), k), 0.0)
+          self.assertAlmostEqual(got, float(target[g, i, k]) if valid[g, i, k] else 0.0,
+                                 places=5, msg=f"group {g} member {i} stage {k}")
+    self.assertGreater(kinds["provisional"], 0)
+    self.assertGreater(kinds["correction"], 0)
+    self.assertEqual(replay.num_pending_episodes, 0)
+    self.assertEqual(replay.num_segments(), 0)
+
+  def test_packed_row_has_per_segment_advantages(self):
+    rng = np.random.default_rng(3)
+    replay = _make(stage_rewards=False)
+    eps = _Episodes(rng, range(G))
+    replay.add_group(0, range(G))
+    stage_masks = []
+    for k in range(S):
+      toks, masks, blps = eps.stage(range(G))
+      stage_masks.append(masks)
+      self.assertEqual(replay.add_stage(range(G), k, toks, masks, blps, 0, [1.0] * G), 0)
+    self.assertEqual(replay.num_ready, 0)  # Stage rewards off: nothing provisional.
+    final = np.array([1.0, 0.0, 0.5, 0.0], np.float32)
+    self.assertEqual(replay.finish(range(G), final), G)  # One packed row per episode.
+    batch = replay.take(8, 0, BUCKETS)
+    self.assertEqual(batch.kinds, ["final"] * G)
+    want = _norm(final)
+    for r in range(G):
+      n = len(toks[r])
+      np.testing.assert_array_equal(batch.tokens[r, :n], toks[r])
+      union = np.zeros(n, bool)
+      for k in range(S):
+        m = stage_masks[k][r]
+        union[:len(m)] |= m
+      np.testing.assert_array_equal(batch.loss_mask[r, :n], union)
+      np.testing.assert_allclose(batch.advantages[r, :n], np.where(union, want[r], 0.0),
+                                 atol=1e-5)
+
+  def test_no_correction_leaves_provisional_only(self):
+    rng = np.random.default_rng(4)
+    replay = _make(correction=False, num_stages=1)
+    eps = _Episodes(rng, range(G))
+    replay.add_group(0, range(G))
+    toks, masks, blps = eps.stage(range(G))
+    replay.add_stage(range(G), 0, toks, masks, blps, 0, [1.0, 0.0, 0.0, 0.0])
+    self.assertEqual(len(_drain(replay)), 1)
+    self.assertEqual(replay.finish(range(G), [0.0, 1.0, 0.0, 0.0]), 0)
+    self.assertEqual(replay.counters["sign_reversals"], 2)
+    self.assertEqual(replay.counters["corrections"], 0)
+
+  @parameterized.parameters(("drop", 0.0), ("linear", 1.0 / 3.0))
+  def test_staleness(self, mode, weight_at_2):
+    rng = np.random.default_rng(5)
+    replay = _make(max_staleness=2, staleness_mode=mode, num_stages=1)
+    eps = _Episodes(rng, range(2 * G))
+    replay.add_group(0, range(G))
+    replay.add_group(1, range(G, 2 * G))
+    r = [1.0, 0.0, 0.0, 0.0]
+    toks, masks, blps = eps.stage(range(2 * G))
+    replay.add_stage(range(G), 0, toks[:G], masks[:G], blps[:G], 10, r)
+    replay.add_stage(range(G, 2 * G), 0, toks[G:], masks[G:], blps[G:], 11, r)
+    # Group 0 is 3 versions old (> max_staleness), group 1 is 2 old.
+    batch = replay.take(8, 13, BUCKETS)
+    want = _norm(r)
+    if mode == "drop":
+      self.assertEqual(batch.num_rows, G)
+      self.assertEqual(replay.counters["stale_dropped_segments"], G)
+      np.testing.assert_allclose([a for _, _, a in batch.segments], want, atol=1e-5)
+    else:
+      self.assertEqual(batch.num_rows, G)  # Weight 0 at staleness 3: dropped too.
+      self.assertEqual(replay.counters["stale_dropped_segments"], G)
+      self.assertEqual(replay.counters["stale_downweighted_segments"], G)
+      np.testing.assert_allclose([a for _, _, a in batch.segments], want * weight_at_2,
+                                 atol=1e-5)
+      np.testing.assert_allclose(batch.advantages[0][batch.loss_mask[0]],
+                                 want[0] * weight_at_2, atol=1e-5)
+    # A dropped provisional item counts as not applied: its correction is the full target.
+    replay.finish(range(G), [0.0, 1.0, 0.0, 0.0])
+    b = replay.take(8, 10, BUCKETS)
+    self.assertEqual(b.kinds, ["final"] * G)
+    np.testing.assert_allclose([a for _, _, a in b.segments], _norm([0, 1, 0, 0]), atol=1e-5)
+
+  def test_bucketing_takes_oldest_bucket(self):
+    replay = _make(num_stages=1)
+    replay.add_group(0, range(G))
+    replay.add_group(1, range(G, 2 * G))
+    short = [np.arange(10, dtype=np.int32)] * G
+    long = [np.arange(100, dtype=np.int32)] * G
+    mask = lambda n: [np.ones(n, bool)] * G
+    blp = lambda n: [np.zeros(n, np.float32)] * G
+    replay.add_stage(range(G), 0, short, mask(10), blp(10), 0, [1.0, 0, 0, 0])
+    replay.add_stage(range(G, 2 * G), 0, long, mask(100), blp(100), 0, [1.0, 0, 0, 0])
+    b1 = replay.take(8, 0, BUCKETS)
+    self.assertEqual(b1.tokens.shape, (8, 64))
+    self.assertEqual(b1.num_rows, G)
+    b2 = replay.take(8, 0, BUCKETS)
+    self.assertEqual(b2.tokens.shape, (8, 128))
+    with self.assertRaisesRegex(ValueError, "largest bucket"):
+      replay.add_group(2, range(100, 100 + G))
+      replay.add_stage(range(100, 100 + G), 0, [np.arange(200)] * G, mask(200), blp(200), 0,
+                       [1.0, 0, 0, 0])
+      replay.take(8, 0, BUCKETS)
+
+  def test_capacity(self):
+    replay = _make(num_stages=1, capacity=2 * G)
+    rng = np.random.default_rng(6)
+    eps = _Episodes(rng, range(3 * G))
+    for g in range(3):
+      members = range(g * G, (g + 1) * G)
+      replay.add_group(g, members)
+      toks, masks, blps = eps.stage(members)
+      replay.add_stage(members, 0, toks, masks, blps, 0, [1.0, 0, 0, 0])
+      replay.finish(members, [0.0, 1.0, 0, 0])
+      self.assertLessEqual(replay.num_segments(), 2 * G)
+    # 3 groups x (4 provisional + 2 correction rows) = 18 > 8: the oldest were evicted.
+    self.assertEqual(replay.counters["evicted_segments"], 18 - replay.num_ready)
+    # Each intake of a new group evicted everything older: only the last group's rows remain.
+    batch = replay.take(8, 0, BUCKETS)
+    self.assertEqual({e // G for e, _, _ in batch.segments}, {2})
+    self.assertEqual(batch.num_rows, 6)
+    strict = _make(num_stages=1, capacity=G, when_full="error")
+    strict.add_group(0, range(G))
+    with self.assertRaisesRegex(RuntimeError, "replay full"):
+      toks, masks, blps = eps.stage(range(G))
+      strict.add_stage(range(G), 0, toks, masks, blps, 0, [1.0, 0, 0, 0])
+      strict.add_group(1, range(G, 2 * G))
+      toks, masks, blps = eps.stage(range(G, 2 * G))
+      strict.add_stage(range(G, 2 * G), 0, toks, masks, blps, 0, [1.0, 0, 0, 0])
+
+  def test_state_dict_round_trip(self):
+    rng = np.random.default_rng(7)
+    a, b = _make(), _make()
+    ids = np.arange(2 * G)
+    eps = _Episodes(rng, ids)
+    a.add_group(0, ids[:G])
+    a.add_group(1, ids[G:])
+    for k in range(2):
+      toks, masks, blps = eps.stage(ids)
+      a.add_stage(ids, k, toks, masks, blps, k, rng.random(2 * G))
+    a.take(3, 1, BUCKETS)  # Leave a part of the queue.
+    arrays, meta = a.state_dict()
+    b.load_state_dict({k: v.copy() for k, v in arrays.items()}, meta)
+    toks, masks, blps = eps.stage(ids)
+    final = rng.random(2 * G)
+    for r in (a, b):
+      r.add_stage(ids, 2, toks, masks, blps, 2, np.ones(2 * G))
+      r.finish(ids, final)
+    ba, bb = _drain(a, 2), _drain(b, 2)
+    self.assertLen(bb, len(ba))
+    for x, y in zip(ba, bb):
+      for field in ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "sample_weights"):
+        np.testing.assert_array_equal(getattr(x, field), getattr(y, field))
+      self.assertEqual(x.segments, y.segments)
+    self.assertEqual(a.counters, b.counters)
+
+  def test_bad_inputs(self):
+    replay = _make()
+    with self.assertRaisesRegex(ValueError, "group_size"):
+      _make(group_size=0)
+    with self.assertRaisesRegex(ValueError, "staleness_mode"):
+      _make(staleness_mode="sometimes")
+    with self.assertRaisesRegex(ValueError, "episode_ids"):
+      replay.add_group(0, [1, 2])
+    replay.add_group(0, range(G))
+    with self.assertRaisesRegex(ValueError, "not registered"):
+      replay.add_stage([99], 0, [np.zeros(3)], [np.ones(3, bool)], [np.zeros(3)], 0, [1.0])
+    with self.assertRaisesRegex(ValueError, "stage"):
+      replay.add_stage([0], S, [np.zeros(3)], [np.ones(3, bool)], [np.zeros(3)], 0, [1.0])
+    with self.assertRaisesRegex(ValueError, "rewards must be finite"):
+      replay.add_stage([0], 0, [np.zeros(3)], [np.ones(3, bool)], [np.zeros(3)], 0, [np.nan])
+    with self.assertRaisesRegex(ValueError, "same length"):
+      replay.add_stage([0], 0, [np.zeros(3)], [np.ones(2, bool)], [np.zeros(3)], 0, [1.0])
+    with self.assertRaisesRegex(ValueError, "has not reported"):
+      replay.finish([0], [1.0])
+    with self.assertRaisesRegex(ValueError, "max_rows"):
+      replay.take(0, 0, BUCKETS)
+
+
+if __name__ == "__main__":
+  absltest.main()
