@@ -1,0 +1,330 @@
+"""Tests for agentic_grpo.sharding on 8 simulated CPU devices (see conftest.py).
+
+Each mesh shape (8,1,1), (2,4,1), (2,2,2), (1,1,8) must give the results of
+one device. Tolerances: parameters initialised under `jit(out_shardings=)` are
+bit-identical; log-probs and update-step outputs differ only by the order of
+float32 reductions that XLA splits across devices, bounded by 2e-5 absolute
+(log-probs of ~|4|) and 1e-5 relative-to-scale for updated parameters;
+greedy sampling must produce the same tokens.
+"""
+
+import functools
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
+import optax
+
+from agentic_grpo import sharding
+from agentic_grpo.models import transformer
+
+# Widths chosen so that every mesh axis size used below divides vocab, embed,
+# mlp and heads, while kv_heads (2) does not divide a tensor axis of 8: that
+# dimension must fall back to replication.
+_CONFIG = transformer.ModelConfig(
+    vocab_size=64, d_model=32, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=8, mlp_dim=64,
+    qkv_bias=True, tie_embeddings=False, max_seq_len=32)
+
+MESHES = (
+    ("data8", (8, 1, 1)),
+    ("data2_fsdp4", (2, 4, 1)),
+    ("data2_fsdp2_tensor2", (2, 2, 2)),
+    ("tensor8", (1, 1, 8)),
+)
+
+_N, _T = 8, 12
+
+
+def _randomise(params, seed):
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(
+      treedef, [x + 0.2 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+
+
+_INITIAL = []  # parameters as initialised from key 0, filled by `_reference`
+
+
+@functools.lru_cache(maxsize=None)
+def _reference():
+  """One-device parameters and log-probs."""
+  graphdef, _ = transformer.abstract_model(_CONFIG)
+  params = jax.jit(transformer.init_params, static_argnums=0)(_CONFIG, jax.random.key(0))
+  _INITIAL.append(params)
+  params = _randomise(params, 1)
+  tokens = jax.random.randint(jax.random.key(2), (_N, _T), 0, _CONFIG.vocab_size, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(_T, dtype=jnp.int32), (_N, _T))
+  mask = jnp.arange(_T)[None, :] < jnp.array([12, 9, 12, 5, 12, 7, 11, 12])[:, None]
+  lp = jax.jit(transformer.sequence_logprobs, static_argnums=0)(
+      graphdef, params, tokens, positions, mask)
+  return graphdef, params, (np.asarray(tokens), np.asarray(positions), np.asarray(mask)), lp
+
+
+class MeshTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*MESHES)
+  def test_make_mesh_shape_and_axis_types(self, shape):
+    mesh = sharding.make_mesh(shape)
+    self.assertEqual(mesh.axis_names, sharding.MESH_AXES)
+    self.assertEqual(tuple(mesh.shape.values()), shape)
+    self.assertTrue(all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types))
+    self.assertLen(set(mesh.devices.flat), 8)
+
+  @parameterized.parameters(
+      ((-1, 1, 1), (8, 1, 1)),
+      ((2, -1, 1), (2, 4, 1)),
+      ((1, 2, -1), (1, 2, 4)),
+      ((2, 2, 2), (2, 2, 2)),
+  )
+  def test_minus_one_takes_the_rest(self, sizes, expected):
+    self.assertEqual(sharding.resolve_mesh_shape(sizes, 8), expected)
+
+  def test_mesh_from_config_objects(self):
+    cd = ml_collections.ConfigDict({"mesh": {"data": 2, "fsdp": -1, "tensor": 2}})
+    self.assertEqual(tuple(sharding.make_mesh(cd).shape.values()), (2, 2, 2))
+    self.assertEqual(tuple(sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
+                           .shape.values()), (1, 8, 1))
+    devices = jax.devices()[:4]
+    self.assertEqual(tuple(sharding.make_mesh((-1, 1, 2), devices).shape.values()), (2, 1, 2))
+
+  @parameterized.parameters(
+      ((3, 1, 1), "cover 3 devices"),
+      ((-1, -1, 1), "at most one"),
+      ((3, -1, 1), "do not divide"),
+      ((0, 1, 1), "positive int or -1"),
+      ((2, 4), "3 entries"),
+  )
+  def test_bad_mesh_sizes_raise(self, sizes, message):
+    with self.assertRaisesRegex(ValueError, message):
+      sharding.make_mesh(sizes)
+
+
+class RulesTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.sharding.AbstractMesh((2, 2, 2), sharding.MESH_AXES)
+
+  def test_rules_map_names_to_axes(self):
+    spec = sharding.logical_to_spec(("vocab", "embed"), (64, 32), self.mesh)
+    self.assertEqual(spec, P("tensor", "fsdp"))
+    spec = sharding.logical_to_spec(("batch", "length"), (8, 5), self.mesh)
+    self.assertEqual(spec, P(("data", "fsdp"), None))
+
+  def test_indivisible_dimension_keeps_dividing_prefix(self):
+    # 6 rows: data (2) divides, data*fsdp (4) does not.
+    self.assertEqual(sharding.logical_to_spec(("batch",), (6,), self.mesh), P("data"))
+    self.assertEqual(sharding.logical_to_spec(("heads",), (3,), self.mesh), P(None))
+
+  def test_mesh_axis_used_once_per_array(self):
+    rules = (("a", "tensor"), ("b", ("tensor", "fsdp")))
+    self.assertEqual(sharding.logical_to_spec(("a", "b"), (4, 4), self.mesh, rules),
+                     P("tensor", None))
+
+  def test_custom_rules_from_config(self):
+    cfg = ml_collections.ConfigDict(
+        {"mesh": {"data": 2, "fsdp": 2, "tensor": 2,
+                  "logical_axis_rules": [["embed", ["fsdp", "tensor"]], ["vocab", None]]}})
+    rules = sharding.rules_from_config(cfg)
+    self.assertEqual(rules, (("embed", ("fsdp", "tensor")), ("vocab", None)))
+    self.assertEqual(sharding.logical_to_spec(("vocab", "embed"), (64, 32), self.mesh, rules),
+                     P(None, ("fsdp", "tensor")))
+    self.assertEqual(sharding.rules_from_config({"mesh": {"data": -1}}),
+                     sharding.DEFAULT_RULES)
+
+  @parameterized.parameters(
+      ((("embed", "model"),), "unknown mesh axis"),
+      ((("embed", "fsdp"), ("embed", None)), "appears twice"),
+      ((("embed",),), "pairs"),
+      ((("embed", 3),), "must map to"),
+  )
+  def test_bad_rules_raise(self, rules, message):
+    with self.assertRaisesRegex(ValueError, message):
+      sharding.logical_to_spec(("embed",), (32,), self.mesh, rules)
+
+  def test_unknown_logical_name_raises(self):
+    with self.assertRaisesRegex(ValueError, "no entry"):
+      sharding.logical_to_spec(("experts",), (4,), self.mesh)
+
+
+def _expected_spec(logical, shape, sizes):
+  """The default rules, written out for the arrays of this model."""
+  table = {"vocab": "tensor", "embed": "fsdp", "mlp": "tensor", "heads": "tensor",
+           "kv_heads": "tensor", "head_dim": None}
+  out = []
+  for name, dim in zip(logical, shape):
+    axis = table[name]
+    out.append(axis if axis is not None and dim % sizes[axis] == 0 else None)
+  return P(*out)
+
+
+class ShardedModelTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*MESHES)
+  def test_params_sharded_as_rules_say(self, shape):
+    _, ref, _, _ = _reference()
+    mesh = sharding.make_mesh(shape)
+    sizes = dict(mesh.shape)
+    sm = sharding.shard_model(_CONFIG, mesh)
+    params = sharding.device_put_params(ref, sm)
+    variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    self.assertNotEmpty(variables)
+    for var in variables:
+      x = var.get_value()
+      logical = var.get_metadata()["out_sharding"]
+      expected = _expected_spec(logical, x.shape, sizes)
+      self.assertEqual(x.sharding.spec, expected, (logical, x.shape))
+      shard_shape = tuple(d // (sizes[a] if a else 1) for d, a in zip(x.shape, expected))
+      self.assertEqual(x.addressable_shards[0].data.shape, shard_shape)
+    # The named cases, spelled out.
+    embed = params["embed"].get_value()
+    wq = params["layers"][0]["attn"]["q"].get_value()
+    wk = params["layers"][0]["attn"]["k"].get_value()
+    self.assertEqual(embed.sharding.spec, P("tensor", "fsdp"))
+    self.assertEqual(wq.sharding.spec, P("fsdp", "tensor", None))
+    self.assertEqual(wk.sharding.spec,
+                     P("fsdp", None if shape[2] == 8 else "tensor", None))
+    # Abstract params carry the same shardings (an Orbax restore target).
+    for a, s in zip(jax.tree.leaves(sm.abstract_params), jax.tree.leaves(sm.param_shardings)):
+      self.assertEqual(a.sharding, s)
+
+  @parameterized.named_parameters(*MESHES)
+  def test_logprobs_equal_one_device(self, shape):
+    graphdef, ref_params, (tokens, positions, mask), ref_lp = _reference()
+    mesh = sharding.make_mesh(shape)
+    sm = sharding.shard_model(_CONFIG, mesh)
+    params = sharding.device_put_params(ref_params, sm)
+    batch = sharding.shard_batch({"tokens": tokens, "positions": positions, "mask": mask}, mesh)
+    self.assertEqual(batch["tokens"].sharding.spec, P(("data", "fsdp"), None))
+    lp_fn = sharding.jit_sequence_logprobs(sm)
+    lp = lp_fn(params, batch["tokens"], batch["positions"], batch["mask"])
+    self.assertEqual(lp.sharding.spec, P(("data", "fsdp")))
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(ref_lp), atol=2e-5, rtol=0)
+    self.assertGreater(float(np.abs(ref_lp).max()), 1.0)  # a non-trivial comparison
+
+  def test_optimizer_state_shardings_follow_params(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    sm = sharding.shard_model(_CONFIG, mesh)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    abstract, shardings = sharding.optimizer_state_shardings(tx, sm)
+    adam = shardings[1][0]
+    self.assertEqual(adam.count.spec, P())
+    self.assertEqual(adam.mu["embed"].get_value().spec, P("tensor", "fsdp"))
+    self.assertEqual(adam.nu["layers"][0]["mlp"]["down"].get_value().spec, P("tensor", "fsdp"))
+    self.assertEqual(jax.tree.structure(abstract), jax.tree.structure(shardings))
+    # Plain-array parameters (no metadata) are matched by tree path.
+    pure = nnx.to_pure_dict(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                         sm.abstract_params))
+    plain = sharding.tree_shardings_like(jax.eval_shape(optax.adam(1e-3).init, pure), sm)
+    self.assertEqual(plain[0].mu["layers"][0]["attn"]["o"].spec, P("tensor", None, "fsdp"))
+    self.assertEqual(plain[0].count.spec, P())
+
+  def test_init_sharded_state_is_created_in_shards(self):
+    _reference()
+    mesh = sharding.make_mesh((1, 4, 2))
+    sm = sharding.shard_model(_CONFIG, mesh)
+    tx = optax.adam(1e-3)
+
+    def init_fn(key):
+      params = transformer.init_params(_CONFIG, key)
+      return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    state, shardings = sharding.init_sharded(init_fn, sm, jax.random.key(0))
+    self.assertEqual(state["opt"][0].nu["embed"].get_value().sharding.spec, P("tensor", "fsdp"))
+    self.assertEqual(state["opt"][0].count.sharding.spec, P())
+    self.assertEqual(state["step"].sharding.spec, P())
+    self.assertEqual(state["params"]["layers"][0]["mlp"]["up"].get_value().sharding,
+                     shardings["params"]["layers"][0]["mlp"]["up"].get_value())
+    # Same values as the one-device initialiser, bit for bit.
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, state["params"]),
+                                jax.tree.map(np.asarray, _INITIAL[0]))
+
+  def test_kv_cache_shardings(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    cache_sh = sharding.kv_cache_shardings(_CONFIG, mesh, batch_size=8, max_len=16)
+    self.assertLen(cache_sh.k, _CONFIG.n_layers)
+    self.assertEqual(cache_sh.k[0].spec, P(("data", "fsdp"), None, "tensor", None))
+    self.assertEqual(cache_sh.valid.spec, P(("data", "fsdp"), None))
+    self.assertEqual(cache_sh.index.spec, P())
+    cache = jax.jit(lambda: transformer.init_cache(_CONFIG, 8, 16), out_shardings=cache_sh)()
+    self.assertEqual(cache.v[0].addressable_shards[0].data.shape, (2, 16, 1, 8))
+    # 6 rows: only `data` divides them.
+    odd = sharding.kv_cache_shardings(_CONFIG, mesh, batch_size=6, max_len=16)
+    self.assertEqual(odd.k[0].spec, P("data", None, "tensor", None))
+
+
+class BatchTest(absltest.TestCase):
+
+  def test_shard_batch_rows_and_scalars(self):
+    mesh = sharding.make_mesh((2, 4, 1))
+    batch = {"x": np.arange(16 * 3).reshape(16, 3), "w": np.ones(16, np.float32),
+             "step": np.int32(5)}
+    out = sharding.shard_batch(batch, mesh)
+    self.assertEqual(out["x"].sharding.spec, P(("data", "fsdp"), None))
+    self.assertEqual(out["x"].addressable_shards[0].data.shape, (2, 3))
+    self.assertEqual(out["step"].sharding.spec, P())
+    np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"])
+    self.assertEqual(sharding.batch_devices(mesh), 8)
+    self.assertEqual(sharding.row_sharding(mesh).spec, P(("data", "fsdp")))
+
+  def test_logprobs_reject_rows_not_divisible(self):
+    _, ref_params, (tokens, positions, mask), _ = _reference()
+    mesh = sharding.make_mesh((8, 1, 1))
+    sm = sharding.shard_model(_CONFIG, mesh)
+    fn = sharding.jit_sequence_logprobs(sm)
+    with self.assertRaisesRegex(ValueError, "multiple of"):
+      fn(ref_params, tokens[:6], positions[:6], mask[:6])
+
+
+class MultiProcessHelpersTest(parameterized.TestCase):
+
+  @parameterized.parameters((10, 3), (3, 4), (0, 2), (8, 2))
+  def test_process_slice_partitions(self, n, count):
+    slices = [sharding.process_slice(n, p, count) for p in range(count)]
+    covered = [i for s in slices for i in range(n)[s]]
+    self.assertEqual(covered, list(range(n)))
+    sizes = [len(range(n)[s]) for s in slices]
+    self.assertLessEqual(max(sizes) - min(sizes), 1)
+
+  def test_process_slice_single_process_is_everything(self):
+    self.assertEqual(sharding.process_slice(7), slice(0, 7))
+    with self.assertRaisesRegex(ValueError, "process_index"):
+      sharding.process_slice(4, 2, 2)
+
+  def test_initialize_distributed_off_without_environment(self):
+    env = {k: os.environ.pop(k) for k in (sharding.ENV_DISTRIBUTED, sharding.ENV_COORDINATOR)
+           if k in os.environ}
+    try:
+      self.assertFalse(sharding.initialize_distributed())
+      self.assertFalse(sharding.initialize_distributed("off"))
+      os.environ[sharding.ENV_DISTRIBUTED] = "0"
+      os.environ[sharding.ENV_COORDINATOR] = "127.0.0.1:1"
+      self.assertFalse(sharding.initialize_distributed())  # explicit 0 wins
+    finally:
+      os.environ.pop(sharding.ENV_DISTRIBUTED, None)
+      os.environ.pop(sharding.ENV_COORDINATOR, None)
+      os.environ.update(env)
+    self.assertTrue(sharding.is_primary())
+
+  def test_initialize_distributed_validates(self):
+    with self.assertRaisesRegex(ValueError, "enabled"):
+      sharding.initialize_distributed("maybe")
+    with self.assertRaisesRegex(ValueError, "process_id"):
+      sharding.initialize_distributed("on", "127.0.0.1:1", num_processes=2, process_id=2)
+    os.environ[sharding.ENV_DISTRIBUTED] = "perhaps"
+    try:
+      with self.assertRaisesRegex(ValueError, sharding.ENV_DISTRIBUTED):
+        sharding.initialize_distributed()
+    finally:
+      del os.environ[sharding.ENV_DISTRIBUTED]
+
+
+if __name__ == "__main__":
+  absltest.main()
