@@ -1,0 +1,1 @@
+"""Host-side environment: sandboxed execution, the staged workflow and the agent loop."""
