@@ -469,13 +469,18 @@ class SyntheticTasks:
     if hidden is None:
       return None
     hid_out = _outputs(program, hidden)
-    # Degenerate: constant on the hidden inputs, or some primitive is redundant there.
+    # Degenerate: constant on the hidden inputs, or equal there to a program made of a
+    # subsequence of its primitives (a redundant primitive, `rev|rev`, ...).
     if all(task_lib.values_equal(o, hid_out[0]) for o in hid_out[1:]):
       return None
-    for i, p in enumerate(program.prims):
-      if p.in_type == p.out_type:
-        shorter = Program(program.in_type, program.prims[:i] + program.prims[i + 1:])
-        if _same(_outputs(shorter, hidden), hid_out):
+    d = len(program.prims)
+    for size in range(d):
+      for keep in itertools.combinations(range(d), size):
+        prims = tuple(program.prims[i] for i in keep)
+        if not _typed(program.in_type, prims):
+          continue
+        shorter = Program(program.in_type, prims)
+        if shorter.out_type == program.out_type and _same(_outputs(shorter, hidden), hid_out):
           return None
     # Neighbours that the hidden tests tell apart from the program.
     rivals = [q for q in neighbors(program) if not _same(_outputs(q, hidden), hid_out)]
