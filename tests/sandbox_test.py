@@ -319,6 +319,14 @@ def _adversarial_cases(listen_port):
       "f", script_test="def check(c):\n  assert c(1) == 2\n")
   return {
       "infinite_loop": (io("def f(x):\n  while True:\n    pass\n"), None, {T}, {T}),
+      "sleep_forever": (io("import time\ndef f(x):\n  while True:\n    time.sleep(0.05)\n"),
+                        None, {T}, {T}),
+      "cpu_limit": (io("def f(x):\n  while True:\n    pass\n"),
+                    sb.Limits(cpu_seconds=1, wall_seconds=8), {T}, {T}),
+      "cpu_limit_ignoring_sigxcpu": (
+          io("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+             "def f(x):\n  while True:\n    pass\n"),
+          sb.Limits(cpu_seconds=1, wall_seconds=8), {T}, {T}),
       "busy_forked_child_waited": (
           io("import os\n"
              "def f(x):\n"
@@ -349,6 +357,20 @@ def _adversarial_cases(listen_port):
              "    except OSError:\n"
              "      pass\n"),
           None, {T}, {T}),
+      "count_forks": (
+          _io("import os, time\n"
+             "def f(n):\n"
+             "  ok = 0\n"
+             "  for _ in range(n):\n"
+             "    try:\n"
+             "      pid = os.fork()\n"
+             "    except OSError:\n"
+             "      continue\n"
+             "    if pid == 0:\n"
+             "      time.sleep(30)\n"
+             "      os._exit(0)\n"
+             "    ok += 1\n"
+             "  return ok\n", ((40,), -1)), None, {F}, {F}),
       "allocate_8gib": (io("def f(x):\n  b = bytearray(8 * 2**30)\n  return x\n"), None,
                         {sb.Verdict.MEMORY_LIMIT}, {sb.Verdict.MEMORY_LIMIT}),
       "print_forever": (io("def f(x):\n  while True:\n    print('spam' * 100)\n"), None,
@@ -481,6 +503,19 @@ class _AdversarialBase(_PoolCase):
     self.assertIn("not a plain literal", self.results["rigged_eq"].error)
     self.assertIn("sandbox", self.results["frame_walk_getframe"].error)
     self.assertFalse(self.results["forge_script_pass_and_exit"].script_passed)
+
+  def test_process_count_is_capped(self):
+    r = self.results["count_forks"]
+    if self.pool.isolation_info["fork_allowed"]:
+      # The job itself plus its children fill RLIMIT_NPROC exactly.
+      self.assertEqual(r.outputs, (_LIMITS.max_processes - 1,))
+    else:  # fork() raises PermissionError, which the program catches.
+      self.assertEqual(r.outputs, (0,))
+
+  def test_cpu_limit_is_told_from_wall_limit(self):
+    self.assertEqual(self.results["sleep_forever"].error, "wall-clock limit of 2s exceeded")
+    self.assertEqual(self.results["cpu_limit"].error, "CPU limit of 1s exceeded")
+    self.assertEqual(self.results["cpu_limit_ignoring_sigxcpu"].error, "CPU limit of 1s exceeded")
 
   def test_fork_and_memory_details(self):
     r = self.results["allocate_8gib"]

@@ -404,7 +404,11 @@ def _child_main(job, workdir, out_w, rep_w, uid, allow_fork, read_roots, getfram
     import resource  # pylint: disable=g-import-not-at-top
     limits = job["limits"]
     cpu = limits["cpu"]
-    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, limits["memory"]),
+    # SIGXCPU (default action: terminate) at the soft CPU limit marks a CPU
+    # timeout; the hard limit's SIGKILL a second later catches programs that
+    # ignore SIGXCPU. (rusage under-reports CPU time, so it cannot tell.)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    for res, value in ((resource.RLIMIT_AS, limits["memory"]),
                        (resource.RLIMIT_FSIZE, limits["fsize"]),
                        (resource.RLIMIT_NPROC, limits["nproc"]),
                        (resource.RLIMIT_NOFILE, limits["nofile"]),
@@ -631,6 +635,7 @@ def _remove_tree(path):
 def _run_job(job, root, counter, uid, allow_fork, ns_init, read_roots, getframe_allowed):
   """Forks, supervises and cleans up one job; returns the RESULT frame."""
   import select  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   workdir = os.path.join(root, "job%d" % counter)
@@ -745,8 +750,9 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, read_roots, getframe_
   os.close(rep_r)
   _remove_tree(workdir)
   cpu = usage.ru_utime + usage.ru_stime
-  if (reason == REASON_NONE and os.WIFSIGNALED(status) and
-      cpu >= limits["cpu"] - 0.05):
+  if reason == REASON_NONE and os.WIFSIGNALED(status) and (
+      os.WTERMSIG(status) == signal.SIGXCPU or
+      (os.WTERMSIG(status) == signal.SIGKILL and cpu >= 0.5 * limits["cpu"])):
     reason = REASON_CPU
   tail_bytes = bytes(tail[-TAIL_BYTES:])
   header = "RESULT %d %.6f %s %d %d %d -\n" % (
