@@ -212,8 +212,24 @@ def _param(rngs, init, shape, axes, dtype) -> nnx.Param:
 
 
 def _normal(stddev):
+  """Normal initialiser truncated at two standard deviations.
+
+  Under a trace (`jax.jit`, `nnx.eval_shape`) values come from
+  `jax.random.truncated_normal`. Eagerly they come from NumPy seeded with the
+  key's bits: as deterministic in the key, but without compiling a random
+  number program per parameter shape, which costs seconds on a small CPU.
+  """
   def init(key, shape, dtype):
-    return (stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(dtype)
+    if isinstance(key, jax.core.Tracer):
+      return (stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+              ).astype(dtype)
+    gen = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
+    x = gen.standard_normal(shape, dtype=np.float32)
+    bad = np.abs(x) > 2.0
+    while bad.any():  # resample outside [-2, 2]: a truncated normal
+      x[bad] = gen.standard_normal(int(bad.sum()), dtype=np.float32)
+      bad = np.abs(x) > 2.0
+    return jnp.asarray(stddev * x, dtype)
   return init
 
 

@@ -1,0 +1,343 @@
+"""Batched autoregressive sampling with a KV cache, under one `jax.jit`.
+
+`sample` runs a prefill over the right-padded prompts of `N = B·G` rows
+(ragged lengths), then a `lax.while_loop` of single-token decode steps that
+ends when every row has stopped or `max_new_tokens` tokens were generated.
+Tokens are drawn from `softmax(core.logprobs.transform_logits(logits))`
+(temperature, top-k, top-p) or taken greedily, and the behaviour log-prob of
+each generated token is recorded under the same transform, so that
+`transformer.sequence_logprobs` over the joined prompt + completion gives the
+same values (importance ratio 1 on policy).
+
+A row stops at a stop token id or when its last generated tokens equal one of
+its stop sequences (e.g. a stop string encoded with the tokenizer); the stop
+token(s) are part of the completion and of `lengths`. What the sampler
+generated is what the learner trains on: completions are token ids, and loss
+masks come from `lengths` (`completion_mask`), never from comparing ids with
+pad or EOS (which may be equal).
+
+Shapes are static per call: prompts are padded to a bucket (powers of two by
+default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
+`greedy`, whether top-p is on, and stop-table shapes reuse one compiled
+program; `temperature`, the `top_p` value, the RNG and the stop ids are traced.
+"""
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.models import transformer
+
+FINISH_STOP = 0
+FINISH_LENGTH = 1
+
+DEFAULT_PROMPT_BUCKETS = tuple(2 ** k for k in range(4, 18))  # 16 .. 131072
+
+
+class SampleOutput(NamedTuple):
+  """Result of `sample`.
+
+  Attributes:
+    tokens: `[N, max_new_tokens]` int32 generated ids; `pad_id` past `lengths`.
+    lengths: `[N]` int32 generated tokens per row, including the stop token(s).
+    finish_reason: `[N]` int32, `FINISH_STOP` or `FINISH_LENGTH`.
+    logprobs: `[N, max_new_tokens]` float32 behaviour log-probs of `tokens`
+      under the sampling transform; 0 past `lengths`.
+  """
+  tokens: jax.Array
+  lengths: jax.Array
+  finish_reason: jax.Array
+  logprobs: jax.Array
+
+
+@jax.jit
+def _completion_mask(lengths, iota):
+  return iota[None, :] < lengths[:, None]
+
+
+def completion_mask(lengths: jax.Array, max_len: int) -> jax.Array:
+  """`[N, max_len]` bool, True on the first `lengths[n]` slots of each row.
+
+  This is the loss mask of a completion: built from lengths (stop tokens
+  included), never from token ids.
+  """
+  return _completion_mask(jnp.asarray(lengths, jnp.int32), jnp.arange(max_len, dtype=jnp.int32))
+
+
+@jax.jit
+def join_prompt_completion(
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    completions: jax.Array,
+    completion_lengths: jax.Array,
+    *,
+    pad_id: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Packs prompt + completion of each row, left-aligned, for the learner.
+
+  Args:
+    prompts: `[N, P]` int32, right-padded.
+    prompt_lengths: `[N]` int32.
+    completions: `[N, T]` int32 (e.g. `SampleOutput.tokens`).
+    completion_lengths: `[N]` int32 (e.g. `SampleOutput.lengths`).
+    pad_id: id written on padding.
+
+  Returns:
+    `(tokens, positions, segment_mask, loss_mask)`, each `[N, P + T]`:
+    tokens int32, positions int32 (`0..`), segment_mask bool (prompt and
+    completion), loss_mask bool (completion tokens only). With this layout
+    `sequence_logprobs(...)[n, prompt_lengths[n] + t]` is the log-prob of
+    completion token `t`.
+  """
+  n, p = prompts.shape
+  t = completions.shape[1]
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)[:, None]
+  completion_lengths = jnp.asarray(completion_lengths, jnp.int32)[:, None]
+  j = jnp.arange(p + t)[None, :]
+  in_prompt = j < prompt_lengths
+  in_completion = (~in_prompt) & (j < prompt_lengths + completion_lengths)
+  from_prompt = jnp.take_along_axis(prompts, jnp.clip(j, 0, p - 1).repeat(n, 0), axis=1)
+  from_completion = jnp.take_along_axis(
+      completions, jnp.clip(j - prompt_lengths, 0, t - 1), axis=1)
+  tokens = jnp.where(in_prompt, from_prompt, jnp.where(in_completion, from_completion, pad_id))
+  positions = jnp.broadcast_to(j, (n, p + t)).astype(jnp.int32)
+  return tokens.astype(jnp.int32), positions, in_prompt | in_completion, in_completion
+
+
+def encode_stop_strings(tokenizer, stop_strings: Sequence[str]) -> list[list[int]]:
+  """Token sequences of stop strings, for `sample(stop_sequences=...)`.
+
+  A row stops when its generated ids end with one of these sequences. With the
+  byte tokenizer a string has one encoding; with a BPE tokenizer only the
+  canonical encoding of the string is matched.
+
+  Raises:
+    ValueError: an empty stop string.
+  """
+  out = []
+  for s in stop_strings:
+    if not s:
+      raise ValueError(f"stop strings must be non-empty, got {s!r}")
+    out.append(list(tokenizer.encode(s)))
+  return out
+
+
+def _bucket(length: int, buckets: Sequence[int]) -> int:
+  for b in sorted(buckets):
+    if b >= length:
+      return int(b)
+  raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
+
+
+def _round_up(x: int, m: int) -> int:
+  return max(m, -(-x // m) * m)
+
+
+def _stop_id_table(stop_token_ids, n: int) -> np.ndarray:
+  """`[N, K]` int32 table, -1 padded; K rounded up to a multiple of 4."""
+  if stop_token_ids is None:
+    rows = [[] for _ in range(n)]
+  else:
+    arr = stop_token_ids
+    if isinstance(arr, (np.ndarray, jax.Array)):
+      arr = np.asarray(arr)
+      if arr.ndim == 1:
+        rows = [arr.tolist()] * n
+      elif arr.ndim == 2 and arr.shape[0] == n:
+        rows = [r[r >= 0].tolist() for r in arr]
+      else:
+        raise ValueError(f"stop_token_ids must be [K] or [N={n}, K], got shape {arr.shape}")
+    elif len(arr) and isinstance(arr[0], (list, tuple, np.ndarray)):
+      if len(arr) != n:
+        raise ValueError(f"per-row stop_token_ids must have {n} rows, got {len(arr)}")
+      rows = [list(r) for r in arr]
+    else:
+      rows = [list(arr)] * n
+  k = _round_up(max(len(r) for r in rows), 4)
+  table = np.full((n, k), -1, np.int32)
+  for i, r in enumerate(rows):
+    table[i, :len(r)] = r
+  return table
+
+
+def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
+  """`[N, M, L]` int32 table, right-aligned, -1 padded; M, L rounded up (2, 8)."""
+  if stop_sequences is None:
+    rows = [[] for _ in range(n)]
+  elif len(stop_sequences) and len(stop_sequences[0]) and isinstance(
+      stop_sequences[0][0], (list, tuple, np.ndarray)):
+    if len(stop_sequences) != n:
+      raise ValueError(f"per-row stop_sequences must have {n} rows, got {len(stop_sequences)}")
+    rows = [[list(s) for s in r] for r in stop_sequences]
+  else:
+    rows = [[list(s) for s in stop_sequences]] * n
+  for r in rows:
+    for s in r:
+      if not s:
+        raise ValueError("stop_sequences must not contain an empty sequence")
+  m = _round_up(max(len(r) for r in rows), 2)
+  length = _round_up(max([len(s) for r in rows for s in r] or [1]), 8)
+  table = np.full((n, m, length), -1, np.int32)
+  for i, r in enumerate(rows):
+    for j, s in enumerate(r):
+      table[i, j, length - len(s):] = s
+  return table
+
+
+def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
+                 stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p):
+  """Jitted body of `sample`; see there."""
+  config = nnx.merge(graphdef, params).config
+  n, p = prompts.shape
+  t_max = max_new_tokens
+  seq_len = stop_seqs.shape[-1]
+  cache = transformer.init_cache(config, n, p + t_max)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+  prompt_mask = positions < prompt_lengths[:, None]
+  logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask)
+  last = logits[jnp.arange(n), prompt_lengths - 1]
+  row_keys = jax.random.split(rng, n)
+  seq_real = stop_seqs >= 0
+  seq_nonempty = jnp.any(seq_real, axis=-1)  # [N, M]
+
+  def step(i, logits_i, state):
+    out_tokens, out_lp, history, done, lengths, finish = state
+    x = logprobs_lib.transform_logits(logits_i, temperature=temperature, top_k=top_k,
+                                      top_p=top_p if use_top_p else 1.0)
+    if greedy:
+      tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    else:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, i)
+      tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+    # Identical to core.logprobs.token_logprobs(logits_i, tok, ...): same transform.
+    lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
+    active = ~done
+    out_tokens = out_tokens.at[:, i].set(jnp.where(active, tok, pad_id))
+    out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
+    history = jax.lax.dynamic_update_slice(history, tok[:, None], (0, seq_len - 1 + i))
+    window = jax.lax.dynamic_slice(history, (0, i), (n, seq_len))  # last L tokens
+    seq_hit = jnp.all(~seq_real | (window[:, None, :] == stop_seqs), axis=-1) & seq_nonempty
+    hit = jnp.any(tok[:, None] == stop_ids, axis=-1) | jnp.any(seq_hit, axis=-1)
+    lengths = jnp.where(active, i + 1, lengths)
+    finish = jnp.where(active & hit, FINISH_STOP, finish)
+    done = done | hit
+    return tok, (out_tokens, out_lp, history, done, lengths, finish)
+
+  state = (
+      jnp.full((n, t_max), pad_id, jnp.int32),
+      jnp.zeros((n, t_max), jnp.float32),
+      jnp.full((n, seq_len - 1 + t_max), -2, jnp.int32),  # -2 never matches
+      jnp.zeros((n,), jnp.bool_),
+      jnp.zeros((n,), jnp.int32),
+      jnp.full((n,), FINISH_LENGTH, jnp.int32),
+  )
+  tok, state = step(0, last, state)
+
+  def cond(carry):
+    i, _, _, state = carry
+    return (i < t_max) & ~jnp.all(state[3])
+
+  def body(carry):
+    i, prev, cache, state = carry
+    pos = (prompt_lengths + i - 1)[:, None]
+    logits, cache = transformer.apply(graphdef, params, prev[:, None], pos, cache)
+    tok, state = step(i, logits[:, 0], state)
+    return i + 1, tok, cache, state
+
+  _, _, _, state = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, state))
+  out_tokens, out_lp, _, _, lengths, finish = state
+  return SampleOutput(tokens=out_tokens, lengths=lengths, finish_reason=finish, logprobs=out_lp)
+
+
+_STATIC_ARGNAMES = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p")
+_SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
+
+
+def sample(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    prompts,
+    prompt_lengths,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    stop_token_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]], np.ndarray]] = None,
+    stop_sequences: Optional[Sequence] = None,
+    pad_id: int = 0,
+    prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+) -> SampleOutput:
+  """Generates up to `max_new_tokens` tokens for each of N prompts.
+
+  Args:
+    graphdef, params: the policy (`transformer.init_model` or
+      `hf_import.load_hf_checkpoint`).
+    prompts: `[N, P]` int32 prompt ids, right-padded (host or device array).
+    prompt_lengths: `[N]` int, each in `[1, P]`.
+    rng: a `jax.random` key; split into one key per row, folded with the step.
+    max_new_tokens: static, tokens to generate at most (the output width T).
+    temperature: > 0; scales logits for sampling and for the log-probs.
+    top_k: static int, 0 disables.
+    top_p: in (0, 1]; 1 disables.
+    greedy: take the argmax instead of sampling; log-probs are still those of
+      the transformed distribution.
+    stop_token_ids: ids that end a row: `[K]` for all rows, or `N` per-row
+      lists / an `[N, K]` array padded with -1.
+    stop_sequences: token sequences that end a row when the generated ids end
+      with them: a list of sequences for all rows, or `N` per-row lists of
+      sequences (see `encode_stop_strings`).
+    pad_id: id written past a row's length (may equal a stop id).
+    prompt_buckets: allowed padded prompt widths; the smallest one that holds
+      the longest prompt is used.
+
+  Returns:
+    `SampleOutput` with `[N, max_new_tokens]` tokens and log-probs, `[N]`
+    lengths (stop tokens included) and finish reasons.
+
+  Raises:
+    ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
+      tokens longer than the model's `max_seq_len`, non-positive
+      `max_new_tokens` or `temperature`, bad `top_k`/`top_p`, or stop ids
+      outside the vocabulary.
+  """
+  prompts = np.asarray(prompts)
+  prompt_lengths = np.asarray(prompt_lengths)
+  if prompts.ndim != 2:
+    raise ValueError(f"prompts must be [N, P], got shape {prompts.shape}")
+  n, width = prompts.shape
+  if prompt_lengths.shape != (n,):
+    raise ValueError(f"prompt_lengths must be [N={n}], got shape {prompt_lengths.shape}")
+  if n == 0 or np.any(prompt_lengths < 1) or np.any(prompt_lengths > width):
+    raise ValueError(f"prompt_lengths must be in [1, {width}], got {prompt_lengths.tolist()}")
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+  logprobs_lib.transform_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k,
+                                top_p=top_p)  # validates the transform arguments
+  config = nnx.merge(graphdef, params).config
+  longest = int(prompt_lengths.max())
+  if longest + max_new_tokens > config.max_seq_len:
+    raise ValueError(
+        f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
+        f"max_seq_len {config.max_seq_len}")
+  bucket = _bucket(longest, prompt_buckets)
+  if bucket > width:
+    prompts = np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
+  else:
+    prompts = prompts[:, :bucket]
+  stop_ids = _stop_id_table(stop_token_ids, n)
+  stop_seqs = _stop_seq_table(stop_sequences, n)
+  for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
+    if np.any(table >= config.vocab_size) or np.any(table < -1):
+      raise ValueError(f"{name} must be ids in [0, {config.vocab_size}), got {table.tolist()}")
+  return _SAMPLE_JIT(
+      graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
+      rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),
+      jnp.asarray(stop_seqs), jnp.int32(pad_id), max_new_tokens=max_new_tokens, top_k=top_k,
+      greedy=bool(greedy), use_top_p=bool(top_p < 1.0))

@@ -1,0 +1,257 @@
+"""Tests for agentic_grpo.models.sampler."""
+
+import functools
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.models import sampler
+from agentic_grpo.models import transformer
+
+_CONFIG = transformer.ModelConfig(
+    vocab_size=37, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48,
+    qkv_bias=True, max_seq_len=64)
+_N, _P, _T = 4, 12, 8
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+  graphdef, params = transformer.init_model(_CONFIG, jax.random.key(0))
+  # Larger weights than at init so that distributions are far from uniform.
+  rng = np.random.RandomState(1)
+  params = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), params)
+  return graphdef, params
+
+
+def _prompts(seed=0, lengths=(12, 3, 7, 1)):
+  rng = np.random.RandomState(seed)
+  prompts = rng.randint(0, _CONFIG.vocab_size, (_N, _P)).astype(np.int32)
+  lengths = np.asarray(lengths, np.int32)
+  prompts[np.arange(_P)[None] >= lengths[:, None]] = 0
+  return prompts, lengths
+
+
+def _sample(prompts, lengths, **kwargs):
+  graphdef, params = _model()
+  kwargs.setdefault("max_new_tokens", _T)
+  return sampler.sample(graphdef, params, prompts, lengths, kwargs.pop("rng", jax.random.key(3)),
+                        **kwargs)
+
+
+_sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=0,
+                             static_argnames=("top_k",))
+
+
+def _learner_logprobs(prompts, lengths, out, **transform):
+  """Log-probs of the completion tokens recomputed by a full forward pass."""
+  graphdef, params = _model()
+  tokens, positions, segment_mask, loss_mask = sampler.join_prompt_completion(
+      prompts, lengths, out.tokens, out.lengths)
+  lp = _sequence_logprobs(graphdef, params, tokens, positions, segment_mask, **transform)
+  idx = np.minimum(np.asarray(lengths)[:, None] + np.arange(_T)[None], lp.shape[1] - 1)
+  completion_lp = np.take_along_axis(np.asarray(lp), idx, axis=1)
+  mask = np.asarray(sampler.completion_mask(out.lengths, _T))
+  # The loss mask of the joined rows marks exactly the completion tokens.
+  np.testing.assert_array_equal(np.asarray(loss_mask).sum(1), np.asarray(out.lengths))
+  return np.where(mask, completion_lp, 0.0)
+
+
+class SampleTest(parameterized.TestCase):
+
+  def test_output_structure(self):
+    prompts, lengths = _prompts()
+    out = _sample(prompts, lengths, temperature=1.0, pad_id=5)
+    chex.assert_shape([out.tokens, out.logprobs], (_N, _T))
+    chex.assert_type([out.tokens, out.lengths, out.finish_reason, out.logprobs],
+                     [jnp.int32, jnp.int32, jnp.int32, jnp.float32])
+    np.testing.assert_array_equal(out.lengths, [_T] * _N)
+    np.testing.assert_array_equal(out.finish_reason, [sampler.FINISH_LENGTH] * _N)
+    self.assertTrue(np.all(np.asarray(out.logprobs) < 0))
+
+  @parameterized.named_parameters(
+      ("t1", dict(temperature=1.0)),
+      ("t06", dict(temperature=0.6)),
+      ("top_p09", dict(temperature=1.0, top_p=0.9)),
+  )
+  def test_behaviour_logprobs_equal_learner_logprobs(self, transform):
+    prompts, lengths = _prompts(seed=1)
+    out = _sample(prompts, lengths, rng=jax.random.key(7), **transform)
+    learner = _learner_logprobs(prompts, lengths, out, **transform)
+    np.testing.assert_allclose(out.logprobs, learner, atol=2e-5)
+    # On policy, the importance ratio is 1.
+    np.testing.assert_allclose(np.exp(learner - np.asarray(out.logprobs)), 1.0, atol=5e-5)
+
+  def test_greedy_follows_full_forward_argmax(self):
+    graphdef, params = _model()
+    prompts, lengths = _prompts(seed=2)
+    out = _sample(prompts, lengths, greedy=True, temperature=0.6)
+    tokens, positions, segment_mask, _ = sampler.join_prompt_completion(
+        prompts, lengths, out.tokens, out.lengths)
+    logits, _ = transformer.apply(graphdef, params, tokens, positions,
+                                  segment_mask=segment_mask)
+    for n in range(_N):
+      start = int(lengths[n]) - 1
+      expected = np.argmax(np.asarray(logits[n, start:start + _T]), axis=-1)
+      np.testing.assert_array_equal(out.tokens[n], expected)
+    # Greedy log-probs are those of the transformed distribution (temperature 0.6).
+    np.testing.assert_allclose(
+        out.logprobs, _learner_logprobs(prompts, lengths, out, temperature=0.6), atol=2e-5)
+
+  def test_rows_use_their_own_keys(self):
+    prompts, lengths = _prompts()
+    same = np.repeat(prompts[:1], _N, 0), np.repeat(lengths[:1], _N)
+    a = _sample(*same, rng=jax.random.key(11))
+    b = _sample(*same, rng=jax.random.key(11))
+    c = _sample(*same, rng=jax.random.key(12))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    self.assertGreater(len({tuple(r) for r in np.asarray(a.tokens).tolist()}), 1)
+    self.assertFalse(np.array_equal(a.tokens, c.tokens))
+
+  def test_samples_follow_transformed_distribution(self):
+    graphdef, params = _model()
+    n = 512
+    prompts = np.tile(np.array([[3, 1, 4, 1, 5]], np.int32), (n, 1))
+    lengths = np.full((n,), 5, np.int32)
+    out = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(5),
+                         max_new_tokens=1, temperature=0.8, top_k=3)
+    logits, _ = transformer.apply(graphdef, params, prompts[:1], jnp.arange(5)[None])
+    probs = np.asarray(jax.nn.softmax(logprobs_lib.transform_logits(
+        logits[0, -1], temperature=0.8, top_k=3)))
+    freq = np.bincount(np.asarray(out.tokens[:, 0]), minlength=_CONFIG.vocab_size) / n
+    self.assertEqual(set(np.flatnonzero(freq)), set(np.flatnonzero(probs > 0)) & set(
+        np.flatnonzero(freq)))
+    self.assertLessEqual(np.count_nonzero(freq), 3)
+    np.testing.assert_allclose(freq, probs, atol=0.08)
+    np.testing.assert_allclose(out.logprobs[:, 0], np.log(probs[out.tokens[:, 0]]), atol=1e-5)
+
+
+class StopAndMaskTest(parameterized.TestCase):
+
+  def _greedy(self, **kwargs):
+    prompts, lengths = _prompts(seed=4)
+    return prompts, lengths, _sample(prompts, lengths, greedy=True, **kwargs)
+
+  def test_no_stop_is_truncated(self):
+    _, _, free = self._greedy()
+    np.testing.assert_array_equal(free.finish_reason, [sampler.FINISH_LENGTH] * _N)
+    np.testing.assert_array_equal(sampler.completion_mask(free.lengths, _T), np.ones((_N, _T)))
+
+  def test_stop_at_first_position_with_pad_equal_to_eos(self):
+    prompts, lengths, free = self._greedy()
+    first = np.asarray(free.tokens[:, 0])
+    # Per-row stop id = the row's first greedy token; pad id = row 0's stop id.
+    pad = int(first[0])
+    out = _sample(prompts, lengths, greedy=True, stop_token_ids=first[:, None], pad_id=pad)
+    np.testing.assert_array_equal(out.lengths, [1] * _N)
+    np.testing.assert_array_equal(out.finish_reason, [sampler.FINISH_STOP] * _N)
+    np.testing.assert_array_equal(out.tokens[:, 0], first)
+    np.testing.assert_array_equal(out.tokens[:, 1:], np.full((_N, _T - 1), pad))
+    mask = np.asarray(sampler.completion_mask(out.lengths, _T))
+    np.testing.assert_array_equal(mask, np.arange(_T)[None].repeat(_N, 0) < 1)
+    # A mask from ids (token != pad) would be wrong here: row 0's real token equals pad.
+    self.assertFalse(np.array_equal(np.asarray(out.tokens) != pad, mask))
+    np.testing.assert_array_equal(np.asarray(out.logprobs)[:, 1:], 0.0)
+    tokens, _, segment_mask, loss_mask = sampler.join_prompt_completion(
+        prompts, lengths, out.tokens, out.lengths, pad_id=pad)
+    for n in range(_N):
+      row_mask = np.zeros(_P + _T, bool)
+      row_mask[lengths[n]] = True
+      np.testing.assert_array_equal(loss_mask[n], row_mask)
+      self.assertEqual(int(tokens[n, lengths[n]]), first[n])
+      self.assertEqual(int(segment_mask[n].sum()), lengths[n] + 1)
+
+  def test_stop_sequence_in_last_slot(self):
+    prompts, lengths, free = self._greedy()
+    # Each row stops on its own full greedy completion: matched only at the last slot.
+    seqs = [[list(map(int, row))] for row in np.asarray(free.tokens)]
+    out = _sample(prompts, lengths, greedy=True, stop_sequences=seqs)
+    np.testing.assert_array_equal(out.tokens, free.tokens)
+    np.testing.assert_array_equal(out.lengths, [_T] * _N)
+    np.testing.assert_array_equal(out.finish_reason, [sampler.FINISH_STOP] * _N)
+    np.testing.assert_array_equal(sampler.completion_mask(out.lengths, _T), np.ones((_N, _T)))
+
+  def test_stop_sequence_mid_completion(self):
+    prompts, lengths, free = self._greedy()
+    row = np.asarray(free.tokens[1])
+    # Row 1 stops after its 3rd token (tokens 1..2 as a 2-token sequence), unless
+    # that pair occurs earlier; other rows share the table.
+    pair = [int(row[1]), int(row[2])]
+    out = _sample(prompts, lengths, greedy=True, stop_sequences=[pair])
+    free_rows = np.asarray(free.tokens)
+    for n in range(_N):
+      # Lengths at which the last two generated tokens equal the pair.
+      hits = [i + 1 for i in range(1, _T) if list(free_rows[n, i - 1:i + 1]) == pair]
+      expected = hits[0] if hits else _T
+      self.assertEqual(int(out.lengths[n]), expected, n)
+      self.assertEqual(int(out.finish_reason[n]),
+                       sampler.FINISH_STOP if hits else sampler.FINISH_LENGTH)
+    self.assertLessEqual(int(out.lengths[1]), 3)
+
+  def test_encode_stop_strings(self):
+
+    class _Bytes:
+      def encode(self, s):
+        return list(s.encode())
+
+    self.assertEqual(sampler.encode_stop_strings(_Bytes(), ["ab", "\n"]), [[97, 98], [10]])
+    with self.assertRaisesRegex(ValueError, "non-empty"):
+      sampler.encode_stop_strings(_Bytes(), [""])
+
+
+class CompileTest(absltest.TestCase):
+
+  def test_no_retrace_for_same_bucket(self):
+    counted = jax.jit(chex.assert_max_traces(sampler._sample_impl, n=1),
+                      static_argnames=sampler._STATIC_ARGNAMES)
+    with mock.patch.object(sampler, "_SAMPLE_JIT", counted):
+      # Different prompt lengths and widths (same bucket), temperatures, top-p
+      # values, keys, stop ids and pad ids: one trace.
+      for seed, lengths, width, temperature, top_p, stop in (
+          (0, (12, 3, 7, 1), 12, 1.0, 0.9, [1]),
+          (1, (2, 2, 2, 2), 5, 0.6, 0.8, [4, 5]),
+          (2, (16, 9, 1, 4), 16, 1.3, 0.95, [[1], [2], [3, 4], []]),
+      ):
+        prompts = np.random.RandomState(seed).randint(0, 37, (_N, width))
+        out = _sample(prompts, np.asarray(lengths), temperature=temperature, top_p=top_p,
+                      stop_token_ids=stop, pad_id=seed, rng=jax.random.key(seed))
+        jax.block_until_ready(out)
+      chex.clear_trace_counter()
+
+  def test_buckets(self):
+    self.assertEqual(sampler._bucket(1, sampler.DEFAULT_PROMPT_BUCKETS), 16)
+    self.assertEqual(sampler._bucket(17, sampler.DEFAULT_PROMPT_BUCKETS), 32)
+    with self.assertRaisesRegex(ValueError, "largest prompt bucket"):
+      sampler._bucket(9, (4, 8))
+
+
+class ValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("rank", dict(prompts=np.zeros((4,), np.int32)), "prompts must be"),
+      ("lengths_shape", dict(lengths=np.ones((3,), np.int32)), "prompt_lengths must be"),
+      ("zero_length", dict(lengths=np.array([1, 0, 1, 1])), "prompt_lengths must be in"),
+      ("too_long", dict(lengths=np.array([13, 1, 1, 1])), "prompt_lengths must be in"),
+      ("max_new", dict(max_new_tokens=0), "max_new_tokens"),
+      ("max_seq_len", dict(max_new_tokens=60), "max_seq_len"),
+      ("temperature", dict(temperature=0.0), "temperature"),
+      ("top_p", dict(top_p=0.0), "top_p"),
+      ("stop_id", dict(stop_token_ids=[37]), "stop_token_ids"),
+      ("stop_rows", dict(stop_token_ids=[[1], [2]]), "stop_token_ids must have"),
+      ("empty_seq", dict(stop_sequences=[[]]), "empty sequence"),
+  )
+  def test_invalid(self, kwargs, match):
+    prompts, lengths = _prompts()
+    prompts = kwargs.pop("prompts", prompts)
+    lengths = kwargs.pop("lengths", lengths)
+    with self.assertRaisesRegex(ValueError, match):
+      _sample(prompts, lengths, **kwargs)
+
+
+if __name__ == "__main__":
+  absltest.main()
