@@ -419,6 +419,11 @@ def _adversarial_cases(listen_port):
                                        "  s = _socket.socket()\n"
                                        f"  s.connect(('127.0.0.1', {listen_port}))\n"
                                        "  return x\n"), None, {F}, {F}),
+      "flood_report_channel": (io("import os\ndef f(x):\n  while True:\n"
+                                  "    os.write(3, b'x' * 65536)\n"), None,
+                               {sb.Verdict.OUTPUT_LIMIT}, {sb.Verdict.OUTPUT_LIMIT}),
+      "write_host_tmp": (io("def f(x):\n  open('/tmp/sandbox-was-here', 'w').write('x')\n"
+                            "  return x\n"), None, {F}, {F}),
       "forge_report_lines": (io("import os\nos.write(3, b'0' * 32 + b' D\\n')\nprint('D')\n"
                                 "def f(x):\n  return 0\n"), None, {F}, {F}),
       "forge_script_pass_and_exit": (forge_script, None, {E}, {E}),
@@ -495,6 +500,7 @@ class _AdversarialBase(_PoolCase):
   def test_side_effects_blocked(self):
     self.assertEqual(pathlib.Path(_SECRET).read_text(), _SECRET_TEXT)
     self.assertTrue(os.path.exists(_VICTIM))
+    self.assertFalse(os.path.exists("/tmp/sandbox-was-here"))
     with self.assertRaises(BlockingIOError):
       self.listener.accept()
     self.assertIsNone(self.results["read_secret_file"].outputs[0])

@@ -126,7 +126,8 @@ class Limits:
 
   Attributes:
     cpu_seconds: CPU time per process (RLIMIT_CPU, rounded up to whole
-      seconds; the process is killed at the limit).
+      seconds): SIGXCPU ends the process at the limit, SIGKILL one second
+      later if it ignores SIGXCPU; either gives TIMEOUT.
     wall_seconds: wall-clock deadline for the whole run, from fork to exit.
     memory_bytes: address-space cap per process (RLIMIT_AS).
     file_size_bytes: largest file the program may write (RLIMIT_FSIZE).
