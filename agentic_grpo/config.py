@@ -1,0 +1,419 @@
+"""Typed run configuration, built from an `ml_collections.ConfigDict` at the boundary.
+
+Experiment files (`experiments/*.py`) return a `ConfigDict` so that command-line overrides work
+(`--config.rl.group_size=8`); `from_config_dict` turns it into the frozen dataclasses below,
+checking every field's type and range. Errors are `ValueError`s that name the field by its dotted
+path, e.g. `config.rl.group_size must be >= 2, got 1`. Unknown fields are errors too (a typo must
+not silently fall back to a default).
+
+The library below this module only sees these dataclasses.
+"""
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping, Union
+
+SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
+                 "optim", "warmstart", "eval", "checkpoint", "log", "mesh")
+
+
+def _fail(path: str, msg: str, value: Any) -> None:
+  raise ValueError(f"config.{path} {msg}, got {value!r}")
+
+
+def _check(cond: bool, path: str, msg: str, value: Any) -> None:
+  if not cond:
+    _fail(path, msg, value)
+
+
+def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
+  _check(value in allowed, path, f"must be one of {allowed}", value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  """Policy model: a `models.transformer` preset, with optional shape overrides (0 = preset)."""
+  preset: str = "tiny"
+  d_model: int = 0
+  n_layers: int = 0
+  n_heads: int = 0
+  n_kv_heads: int = 0
+  head_dim: int = 0
+  mlp_dim: int = 0
+  max_seq_len: int = 0
+
+  def validate(self, path: str) -> None:
+    for f in dataclasses.fields(self):
+      if f.type is int:
+        _check(getattr(self, f.name) >= 0, f"{path}.{f.name}", "must be >= 0 (0 = preset)",
+               getattr(self, f.name))
+
+  def overrides(self) -> dict[str, int]:
+    """The non-zero shape overrides, as `ModelConfig` keyword arguments."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.type is int and getattr(self, f.name)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSection:
+  """Task source. `synthetic` is the embedded default (`tasks.synthetic`).
+
+  `train_size` > 0 makes the training stream a finite pool of that many train-split tasks,
+  visited in a fresh seeded order every epoch; 0 streams new tasks without end.
+  `eval_size` held-out tasks (the `test` split) are evaluated.
+  """
+  source: str = "synthetic"
+  seed: int = 0
+  depths: tuple[int, ...] = (1,)
+  string_prob: float = 0.4
+  ambiguity_target: float = 0.3
+  num_hidden: int = 8
+  train_size: int = 0
+  eval_split: str = "test"
+  eval_size: int = 64
+
+  def validate(self, path: str) -> None:
+    _choice(f"{path}.source", self.source, ("synthetic",))
+    _check(len(self.depths) > 0 and min(self.depths) >= 1, f"{path}.depths",
+           "must be non-empty and >= 1", self.depths)
+    _check(0.0 <= self.string_prob <= 1.0, f"{path}.string_prob", "must be in [0, 1]",
+           self.string_prob)
+    _check(0.0 <= self.ambiguity_target <= 1.0, f"{path}.ambiguity_target", "must be in [0, 1]",
+           self.ambiguity_target)
+    _check(self.num_hidden >= 8, f"{path}.num_hidden", "must be >= 8", self.num_hidden)
+    _check(self.train_size >= 0, f"{path}.train_size", "must be >= 0", self.train_size)
+    _choice(f"{path}.eval_split", self.eval_split, ("validation", "test"))
+    _check(self.eval_size >= 1, f"{path}.eval_size", "must be >= 1", self.eval_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowSection:
+  """Agent workflow: which stages, in order, and whether they are rewarded on completion.
+
+  `stage_rewards=False` is outcome-only GRPO: the same episodes, updated only once the final
+  reward is known. `max_new_tokens` bounds every stage's generation.
+  """
+  stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
+  max_debug_rounds: int = 1
+  num_agent_tests: int = 2
+  stage_rewards: bool = True
+  max_new_tokens: int = 64
+
+  def validate(self, path: str) -> None:
+    _check(len(self.stages) > 0, f"{path}.stages", "must name at least one stage", self.stages)
+    _check(len(set(self.stages)) == len(self.stages), f"{path}.stages", "must not repeat",
+           self.stages)
+    _check(self.max_debug_rounds >= 0, f"{path}.max_debug_rounds", "must be >= 0",
+           self.max_debug_rounds)
+    _check(self.num_agent_tests >= 1, f"{path}.num_agent_tests", "must be >= 1",
+           self.num_agent_tests)
+    _check(self.max_new_tokens >= 1, f"{path}.max_new_tokens", "must be >= 1",
+           self.max_new_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSection:
+  """Subprocess sandbox pool limits."""
+  workers: int = 2
+  timeout_s: float = 2.0
+  cpu_s: float = 2.0
+  memory_mb: int = 512
+
+  def validate(self, path: str) -> None:
+    _check(self.workers >= 1, f"{path}.workers", "must be >= 1", self.workers)
+    _check(self.timeout_s > 0, f"{path}.timeout_s", "must be > 0", self.timeout_s)
+    _check(self.cpu_s > 0, f"{path}.cpu_s", "must be > 0", self.cpu_s)
+    _check(self.memory_mb >= 64, f"{path}.memory_mb", "must be >= 64", self.memory_mb)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+  """The Agentic GRPO phase.
+
+  `num_steps` learner updates; each episode batch is `tasks_per_batch` tasks (B) times
+  `group_size` attempts (G); `batches_in_flight` episode batches overlap (sampling, sandbox and
+  learning); each update takes `rows_per_update` replay rows (N), split into `micro_batches`.
+  Rows are padded to the smallest of `buckets` that fits (each bucket compiles once).
+  """
+  num_steps: int = 60
+  tasks_per_batch: int = 8
+  group_size: int = 8
+  batches_in_flight: int = 2
+  rows_per_update: int = 64
+  micro_batches: int = 1
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  buckets: tuple[int, ...] = (128, 256)
+
+  def validate(self, path: str) -> None:
+    _check(self.num_steps >= 0, f"{path}.num_steps", "must be >= 0", self.num_steps)
+    _check(self.tasks_per_batch >= 1, f"{path}.tasks_per_batch", "must be >= 1",
+           self.tasks_per_batch)
+    _check(self.group_size >= 2, f"{path}.group_size", "must be >= 2", self.group_size)
+    _check(self.batches_in_flight >= 1, f"{path}.batches_in_flight", "must be >= 1",
+           self.batches_in_flight)
+    _check(self.rows_per_update >= 1, f"{path}.rows_per_update", "must be >= 1",
+           self.rows_per_update)
+    _check(self.micro_batches >= 1 and self.rows_per_update % self.micro_batches == 0,
+           f"{path}.micro_batches", f"must be >= 1 and divide rows_per_update "
+           f"({self.rows_per_update})", self.micro_batches)
+    _check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
+    _check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
+    _check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)
+    _check(len(self.buckets) > 0 and list(self.buckets) == sorted(set(self.buckets))
+           and self.buckets[0] >= 8, f"{path}.buckets",
+           "must be strictly increasing lengths >= 8", self.buckets)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection:
+  """`core.losses` options (DESIGN.md §2)."""
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  ratio_level: str = "token"
+  aggregation: str = "token_mean"
+  max_tokens: int = 0
+  kl_beta: float = 0.0
+  kl_estimator: str = "k3"
+  entropy_coef: float = 0.0
+
+  def validate(self, path: str) -> None:
+    _check(0.0 <= self.eps_low < 1.0, f"{path}.eps_low", "must be in [0, 1)", self.eps_low)
+    _check(self.eps_high >= 0.0, f"{path}.eps_high", "must be >= 0", self.eps_high)
+    _choice(f"{path}.ratio_level", self.ratio_level, ("token", "sequence"))
+    _choice(f"{path}.aggregation", self.aggregation,
+            ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+    if self.aggregation == "seq_mean_token_sum_norm":
+      _check(self.max_tokens > 0, f"{path}.max_tokens",
+             "must be > 0 with aggregation seq_mean_token_sum_norm", self.max_tokens)
+    _check(self.kl_beta >= 0.0, f"{path}.kl_beta", "must be >= 0", self.kl_beta)
+    _choice(f"{path}.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+    _check(self.entropy_coef >= 0.0, f"{path}.entropy_coef", "must be >= 0",
+           self.entropy_coef)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionSection:
+  """Retroactive correction and advantage options (DESIGN.md §1-2)."""
+  enabled: bool = True
+  target: str = "outcome"
+  gamma: float = 1.0
+  beta: float = 0.0
+  scale: str = "std"
+  max_staleness: int = 8
+  staleness_mode: str = "drop"
+
+  def validate(self, path: str) -> None:
+    _choice(f"{path}.target", self.target, ("outcome", "return", "mixed"))
+    _check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
+    _choice(f"{path}.scale", self.scale, ("std", "none"))
+    _check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
+           self.max_staleness)
+    _choice(f"{path}.staleness_mode", self.staleness_mode, ("drop", "linear"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySection:
+  """`replay.StagedReplay` storage options."""
+  capacity: int = 8192
+  when_full: str = "evict_oldest"
+  skip_zero_advantage: bool = True
+  pack_corrections: bool = True
+
+  def validate(self, path: str) -> None:
+    _check(self.capacity >= 1, f"{path}.capacity", "must be >= 1", self.capacity)
+    _choice(f"{path}.when_full", self.when_full, ("evict_oldest", "error"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+  """AdamW with linear warm-up, global-norm clipping and a non-finite guard."""
+  learning_rate: float = 3e-4
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.99
+  eps: float = 1e-8
+  grad_clip: float = 1.0
+  max_consecutive_nonfinite: int = 1000
+
+  def validate(self, path: str) -> None:
+    _check(self.learning_rate > 0, f"{path}.learning_rate", "must be > 0", self.learning_rate)
+    _check(self.warmup_steps >= 0, f"{path}.warmup_steps", "must be >= 0", self.warmup_steps)
+    _check(self.weight_decay >= 0, f"{path}.weight_decay", "must be >= 0", self.weight_decay)
+    _check(0.0 <= self.b1 < 1.0, f"{path}.b1", "must be in [0, 1)", self.b1)
+    _check(0.0 <= self.b2 < 1.0, f"{path}.b2", "must be in [0, 1)", self.b2)
+    _check(self.eps > 0, f"{path}.eps", "must be > 0", self.eps)
+    _check(self.grad_clip >= 0, f"{path}.grad_clip", "must be >= 0 (0 disables)",
+           self.grad_clip)
+    _check(self.max_consecutive_nonfinite >= 0, f"{path}.max_consecutive_nonfinite",
+           "must be >= 0", self.max_consecutive_nonfinite)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmstartSection:
+  """Supervised warm-start on reference episodes (0 steps skips it)."""
+  steps: int = 200
+  batch_size: int = 32
+  learning_rate: float = 1e-3
+  warmup_steps: int = 20
+  seq_len: int = 256
+
+  def validate(self, path: str) -> None:
+    _check(self.steps >= 0, f"{path}.steps", "must be >= 0", self.steps)
+    _check(self.batch_size >= 1, f"{path}.batch_size", "must be >= 1", self.batch_size)
+    _check(self.learning_rate > 0, f"{path}.learning_rate", "must be > 0", self.learning_rate)
+    _check(self.warmup_steps >= 0, f"{path}.warmup_steps", "must be >= 0", self.warmup_steps)
+    _check(self.seq_len >= 8, f"{path}.seq_len", "must be >= 8", self.seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+  """Held-out evaluation: greedy pass@1 and sampled pass@k (Chen et al., 2021)."""
+  every: int = 20
+  num_samples: int = 4
+  k: tuple[int, ...] = (1, 4)
+  temperature: float = 1.0
+
+  def validate(self, path: str) -> None:
+    _check(self.every >= 0, f"{path}.every", "must be >= 0 (0 = only at the ends)", self.every)
+    _check(self.num_samples >= 0, f"{path}.num_samples", "must be >= 0", self.num_samples)
+    _check(all(1 <= k <= max(self.num_samples, 1) for k in self.k), f"{path}.k",
+           f"must be in [1, num_samples={self.num_samples}]", self.k)
+    _check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+  """Orbax checkpoints: every `every` learner steps (0 = only at the end)."""
+  every: int = 20
+  max_to_keep: int = 2
+
+  def validate(self, path: str) -> None:
+    _check(self.every >= 0, f"{path}.every", "must be >= 0", self.every)
+    _check(self.max_to_keep >= 1, f"{path}.max_to_keep", "must be >= 1", self.max_to_keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSection:
+  """Metrics outputs."""
+  every: int = 1
+  tensorboard: bool = True
+  progress_bar: bool = True
+  plot: bool = True
+
+  def validate(self, path: str) -> None:
+    _check(self.every >= 1, f"{path}.every", "must be >= 1", self.every)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  """Device mesh shape over axes (`data`, `fsdp`, `tensor`); -1 takes the remaining devices."""
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+
+  def validate(self, path: str) -> None:
+    sizes = (self.data, self.fsdp, self.tensor)
+    for name, v in zip(("data", "fsdp", "tensor"), sizes):
+      _check(v == -1 or v >= 1, f"{path}.{name}", "must be >= 1 or -1", v)
+    _check(sizes.count(-1) <= 1, path, "may have at most one axis of size -1", sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything `train.run` needs."""
+  seed: int = 0
+  model: ModelSection = ModelSection()
+  task: TaskSection = TaskSection()
+  workflow: WorkflowSection = WorkflowSection()
+  sandbox: SandboxSection = SandboxSection()
+  rl: RLSection = RLSection()
+  loss: LossSection = LossSection()
+  correction: CorrectionSection = CorrectionSection()
+  replay: ReplaySection = ReplaySection()
+  optim: OptimSection = OptimSection()
+  warmstart: WarmstartSection = WarmstartSection()
+  eval: EvalSection = EvalSection()
+  checkpoint: CheckpointSection = CheckpointSection()
+  log: LogSection = LogSection()
+  mesh: MeshSection = MeshSection()
+
+  def validate(self) -> None:
+    """Checks every section and the constraints between sections."""
+    for name in SECTION_ORDER:
+      getattr(self, name).validate(name)
+    bucket = self.rl.buckets[-1]
+    _check(self.warmstart.seq_len <= bucket, "warmstart.seq_len",
+           f"must be <= the largest rl.buckets entry ({bucket})", self.warmstart.seq_len)
+    _check(self.replay.capacity >= self.rl.group_size * len(self.workflow.stages),
+           "replay.capacity", f"must be >= rl.group_size * number of stages "
+           f"({self.rl.group_size * len(self.workflow.stages)})", self.replay.capacity)
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+  """Checks/converts a leaf value to the annotated type `tp`."""
+  origin = typing.get_origin(tp)
+  if tp is bool:
+    _check(isinstance(value, bool), path, "must be a bool", value)
+    return value
+  if tp is int:
+    _check(isinstance(value, int) and not isinstance(value, bool), path, "must be an int", value)
+    return value
+  if tp is float:
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
+           "must be a number", value)
+    return float(value)
+  if tp is str:
+    _check(isinstance(value, str), path, "must be a str", value)
+    return value
+  if origin is tuple:
+    _check(isinstance(value, (tuple, list)), path, "must be a tuple", value)
+    (elem, _) = typing.get_args(tp)
+    return tuple(_convert(v, elem, f"{path}[{i}]") for i, v in enumerate(value))
+  if origin in (Union, types.UnionType):
+    raise TypeError(f"unsupported annotation {tp} at {path}")
+  return value
+
+
+def _build(cls, data: Mapping[str, Any], path: str):
+  """Builds dataclass `cls` from a mapping, naming unknown or ill-typed fields."""
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(data) - set(fields))
+  if unknown:
+    prefix = f"config.{path}." if path else "config."
+    raise ValueError(f"unknown config field(s) {[prefix + u for u in unknown]}; known: "
+                     f"{sorted(fields)}")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name, value in data.items():
+    sub = f"{path}.{name}" if path else name
+    tp = hints[name]
+    if dataclasses.is_dataclass(tp):
+      _check(isinstance(value, Mapping), sub, "must be a section (dict)", value)
+      kwargs[name] = _build(tp, value, sub)
+    else:
+      kwargs[name] = _convert(value, tp, sub)
+  return cls(**kwargs)
+
+
+def from_config_dict(config: Any) -> TrainConfig:
+  """Builds and validates a `TrainConfig` from a `ConfigDict` (or a plain nested dict).
+
+  Missing fields take the dataclass defaults.
+
+  Raises:
+    ValueError: naming the dotted field path of an unknown field, an ill-typed value, or a value
+      out of range.
+  """
+  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  cfg = _build(TrainConfig, data, "")
+  cfg.validate()
+  return cfg
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+  """The config as a plain nested dict (JSON-serialisable; tuples become lists in JSON)."""
+  return dataclasses.asdict(cfg)

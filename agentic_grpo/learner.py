@@ -1,0 +1,292 @@
+"""The learner: train state, the optimizer, and jitted, donated update steps.
+
+`update_step(state, batch, ref_params)` is one Agentic GRPO policy update. Provisional and
+correction rows are the same to it: each row carries its per-token advantage (staleness weight
+folded in by `replay.StagedReplay.take`) and the behaviour log-probs its importance ratios are
+taken against, and all rows go through `core.losses.policy_loss`. Optional terms: a KL penalty to
+a frozen reference policy (`core.losses.kl_penalty`, `loss.kl_beta`) and an entropy bonus.
+
+`sft_step(state, batch)` is the supervised warm-start step (token cross-entropy on reference
+episodes).
+
+Both split the batch into `micro_batches` and accumulate gradients in a `lax.scan`. Each
+micro-batch's loss is an `aggregate` of per-token values, so the batch loss is the sum of the
+micro-batch losses weighted by `d_b / Σ d_b` with `d_b = core.losses.aggregate_denominator`:
+micro-batching gives the same gradient as one pass over the whole batch (up to float rounding).
+
+Optimizer: AdamW (Loshchilov & Hutter, 2019) with linear warm-up, global-norm clipping, inside
+`optax.apply_if_finite`, which skips (and counts, in the optimizer state) an update whose
+gradients are not finite.
+
+Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
+(the mesh machinery builds them); by default everything is replicated on a one-device mesh.
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentic_grpo import config as config_lib
+from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.models import transformer
+
+BATCH_KEYS = ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "sample_weights")
+SFT_KEYS = ("tokens", "loss_mask")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Learner state, a pytree.
+
+  Attributes:
+    params: model parameters (`nnx.State`).
+    opt_state: optax state (includes the non-finite counters of `optax.apply_if_finite`).
+    step: int32 scalar, updates applied so far (the policy version).
+    rng: uint32 `[2]` raw PRNG key, split on every step.
+  """
+  params: Any
+  opt_state: Any
+  step: jax.Array
+  rng: jax.Array
+
+
+def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[float] = None,
+                   warmup_steps: Optional[int] = None) -> optax.GradientTransformation:
+  """AdamW with linear warm-up and clipping, skipping non-finite updates.
+
+  Args:
+    optim: optimizer section of the config.
+    learning_rate: overrides `optim.learning_rate` (the warm-start uses its own).
+    warmup_steps: overrides `optim.warmup_steps`.
+  """
+  lr = optim.learning_rate if learning_rate is None else learning_rate
+  warmup = optim.warmup_steps if warmup_steps is None else warmup_steps
+  # Linear warm-up from lr / warmup (the first update is not wasted), then constant.
+  schedule = (optax.linear_schedule(lr / warmup, lr, warmup) if warmup > 0
+              else optax.constant_schedule(lr))
+  parts = []
+  if optim.grad_clip > 0:
+    parts.append(optax.clip_by_global_norm(optim.grad_clip))
+  parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                           weight_decay=optim.weight_decay))
+  return optax.apply_if_finite(optax.chain(*parts), optim.max_consecutive_nonfinite)
+
+
+def init_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+  """A fresh `TrainState` at step 0."""
+  return TrainState(params=params, opt_state=optimizer.init(params),
+                    step=jnp.zeros((), jnp.int32),
+                    rng=jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32))
+
+
+def nonfinite_count(state: TrainState) -> int:
+  """Updates skipped so far because their gradients were not finite."""
+  return int(state.opt_state.total_notfinite)
+
+
+def _positions(tokens):
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def _token_logprobs(graphdef, params, tokens, *, temperature, top_k, top_p):
+  """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`."""
+  logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
+  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature,
+                                   top_k=top_k, top_p=top_p)
+  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1), logits
+
+
+def _split_micro(batch: dict[str, jax.Array], m: int) -> dict[str, jax.Array]:
+  n = batch["tokens"].shape[0]
+  if n % m:
+    raise ValueError(f"batch rows ({n}) must be divisible by micro_batches ({m})")
+  return {k: v.reshape((m, n // m) + v.shape[1:]) for k, v in batch.items()}
+
+
+def _accumulate(loss_fn: Callable, params, micro: dict[str, jax.Array], aggregation: str,
+                max_tokens: Optional[int]):
+  """Gradient of the whole-batch loss from micro-batches (weights `d_b / Σ d_b`)."""
+  denoms = jax.vmap(lambda mk: losses_lib.aggregate_denominator(mk, aggregation, max_tokens))(
+      micro["loss_mask"])
+  total = jnp.maximum(denoms.sum(), 1.0)
+
+  def body(carry, xs):
+    mb, d = xs
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    w = jnp.where(d > 0, d / total, 0.0)
+    acc_grads, acc_loss, acc_metrics = carry
+    acc_grads = jax.tree.map(lambda a, g: a + w * g, acc_grads, grads)
+    acc_metrics = jax.tree.map(lambda a, x: a + w * x, acc_metrics, metrics)
+    return (acc_grads, acc_loss + w * loss, acc_metrics), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  first = jax.tree.map(lambda v: v[0], micro)
+  metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, first)
+  zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+  (grads, loss, metrics), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32),
+                                                  zero_metrics), (micro, denoms))
+  return loss, metrics, grads
+
+
+def _apply_updates(state: TrainState, grads, optimizer, loss, metrics):
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
+  metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
+                 update_skipped=(~opt_state.last_finite).astype(jnp.float32),
+                 nonfinite_total=opt_state.total_notfinite.astype(jnp.float32))
+  return TrainState(params, opt_state, state.step + 1, rng), metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Shardings:
+  """In/out shardings of the jitted steps (any pytree prefix accepted by `jax.jit`).
+
+  Attributes:
+    state: sharding (prefix) of `TrainState`.
+    batch: sharding (prefix) of the batch dict.
+    ref_params: sharding (prefix) of the reference parameters.
+  """
+  state: Any
+  batch: Any
+  ref_params: Any
+
+  @classmethod
+  def replicated(cls, mesh: Optional[jax.sharding.Mesh] = None) -> "Shardings":
+    """Everything replicated over `mesh` (default: a mesh of the first device)."""
+    if mesh is None:
+      mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return cls(state=rep, batch=rep, ref_params=rep)
+
+
+class CountedJit:
+  """`jax.jit(fn, **jit_kwargs)` that counts its traces (each trace is a compilation)."""
+
+  def __init__(self, fn: Callable, **jit_kwargs):
+    self.num_traces = 0
+
+    def traced(*args):
+      self.num_traces += 1
+      return fn(*args)
+
+    self._jitted = jax.jit(traced, **jit_kwargs)
+
+  def __call__(self, *args):
+    return self._jitted(*args)
+
+
+def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
+                     optimizer: optax.GradientTransformation, *,
+                     shardings: Optional[Shardings] = None):
+  """Builds the jitted Agentic GRPO update `(state, batch, ref_params) -> (state, metrics)`.
+
+  Args:
+    graphdef: the model structure (static).
+    cfg: the run config; uses `loss`, `rl` (micro_batches, sampling transform).
+    optimizer: from `make_optimizer`.
+    shardings: in/out shardings; replicated on one device by default.
+
+  The returned callable takes:
+    state: `TrainState` (donated: do not reuse the argument).
+    batch: dict with `tokens [N, T]` int32, `loss_mask [N, T]` bool, `behaviour_logprobs
+      [N, T]` f32, `advantages [N, T]` f32, `sample_weights [N]` f32 (0 on padding rows).
+    ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
+  and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
+  `entropy`, `clip_fraction`, `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`,
+  `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the update),
+  `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
+  """
+  loss_cfg, rl = cfg.loss, cfg.rl
+  max_tokens = loss_cfg.max_tokens or None
+  transform = dict(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+  use_kl = loss_cfg.kl_beta > 0
+
+  def loss_fn(params, mb, ref_params):
+    mask = mb["loss_mask"]
+    logprobs, logits = _token_logprobs(graphdef, params, mb["tokens"], **transform)
+    pg, metrics = losses_lib.policy_loss(
+        logprobs, mb["behaviour_logprobs"], mb["advantages"], mask,
+        eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
+        aggregation=loss_cfg.aggregation, max_tokens=max_tokens,
+        sample_weights=mb["sample_weights"])
+    total = pg
+    kl = jnp.zeros((), jnp.float32)
+    if use_kl:
+      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb["tokens"], **transform)
+      kl = losses_lib.aggregate(
+          losses_lib.kl_penalty(logprobs, ref_lp, estimator=loss_cfg.kl_estimator), mask,
+          loss_cfg.aggregation, max_tokens)
+      total = total + loss_cfg.kl_beta * kl
+    ent = losses_lib.aggregate(
+        losses_lib.entropy(logprobs_lib.transform_logits(logits, **transform), mask), mask,
+        loss_cfg.aggregation, max_tokens)
+    if loss_cfg.entropy_coef > 0:
+      total = total - loss_cfg.entropy_coef * ent
+    metrics = dict(metrics, pg_loss=pg, kl=jax.lax.stop_gradient(kl),
+                   entropy=jax.lax.stop_gradient(ent))
+    metrics.pop("loss_tokens")
+    metrics.pop("ratio_max")
+    return total, metrics
+
+  def step(state: TrainState, batch: dict[str, jax.Array], ref_params):
+    batch = {k: batch[k] for k in BATCH_KEYS}
+    micro = _split_micro(batch, rl.micro_batches)
+    loss, metrics, grads = _accumulate(
+        lambda p, mb: loss_fn(p, mb, ref_params), state.params, micro, loss_cfg.aggregation,
+        max_tokens)
+    # Micro-batch metrics are denominator-weighted means; maxima would not combine that way.
+    metrics = dict(metrics, loss_tokens=jnp.sum(batch["loss_mask"]).astype(jnp.float32))
+    return _apply_updates(state, grads, optimizer, loss, metrics)
+
+  shardings = shardings or Shardings.replicated()
+  return CountedJit(step, in_shardings=(shardings.state, shardings.batch, shardings.ref_params),
+                    out_shardings=(shardings.state, None), donate_argnums=(0,))
+
+
+def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
+                  optimizer: optax.GradientTransformation, *,
+                  shardings: Optional[Shardings] = None):
+  """Builds the jitted supervised warm-start step `(state, batch) -> (state, metrics)`.
+
+  `batch` holds `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on the tokens to
+  imitate); the loss is the token-mean negative log-likelihood (temperature 1, no filtering).
+  Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`, `nonfinite_total`.
+  Micro-batched like `make_update_step` (token-count weighting).
+  """
+
+  def loss_fn(params, mb):
+    mask = mb["loss_mask"]
+    logprobs, logits = _token_logprobs(graphdef, params, mb["tokens"], temperature=1.0,
+                                       top_k=0, top_p=1.0)
+    nll = losses_lib.aggregate(-logprobs, mask, "token_mean")
+    pred = jnp.argmax(logits[:, :-1], axis=-1)
+    hit = jnp.concatenate([jnp.zeros_like(mask[:, :1]), pred == mb["tokens"][:, 1:]], axis=1)
+    acc = losses_lib.aggregate(hit.astype(jnp.float32), mask, "token_mean")
+    return nll, {"token_accuracy": jax.lax.stop_gradient(acc)}
+
+  def step(state: TrainState, batch: dict[str, jax.Array]):
+    batch = {k: batch[k] for k in SFT_KEYS}
+    micro = _split_micro(batch, cfg.rl.micro_batches if
+                         batch["tokens"].shape[0] % cfg.rl.micro_batches == 0 else 1)
+    loss, metrics, grads = _accumulate(loss_fn, state.params, micro, "token_mean", None)
+    return _apply_updates(state, grads, optimizer, loss, metrics)
+
+  shardings = shardings or Shardings.replicated()
+  return CountedJit(step, in_shardings=(shardings.state, shardings.batch),
+                    out_shardings=(shardings.state, None), donate_argnums=(0,))
+
+
+def to_device_batch(batch, keys=BATCH_KEYS) -> dict[str, jax.Array]:
+  """Host arrays (a `replay.Batch` or a dict) to a dict of jnp arrays with the learner's dtypes."""
+  dtypes = {"tokens": jnp.int32, "loss_mask": jnp.bool_, "behaviour_logprobs": jnp.float32,
+            "advantages": jnp.float32, "sample_weights": jnp.float32}
+  get = batch.__getitem__ if isinstance(batch, dict) else lambda k: getattr(batch, k)
+  return {k: jnp.asarray(get(k), dtypes[k]) for k in keys}

@@ -1,0 +1,1 @@
+"""Experiment configs (`ml_collections.ConfigDict`), one `get_config()` per file."""

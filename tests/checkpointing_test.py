@@ -1,0 +1,118 @@
+"""Tests for agentic_grpo.checkpointing."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo import checkpointing
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo.models import transformer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Saves checkpoint 1, then starts checkpoint 2 and stops right before Orbax commits it (the
+# rename of the temporary directory), so that the parent can SIGKILL it mid-save.
+_CHILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from orbax.checkpoint._src.path import atomicity
+    from agentic_grpo import checkpointing
+
+    ck = checkpointing.Checkpointer(sys.argv[1])
+    ck.save(1, {"w": np.full((4,), 1.0, np.float32)}, {"replay": {"x": np.arange(3)}},
+            {"step": 1})
+
+    async def hang(self, *args, **kwargs):
+      print("COMMITTING", flush=True)
+      time.sleep(600)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = hang
+    ck.save(2, {"w": np.full((4,), 2.0, np.float32)}, {"replay": {"x": np.arange(5)}},
+            {"step": 2})
+""")
+
+
+class CheckpointingTest(absltest.TestCase):
+
+  def test_round_trip_of_train_state_and_host_state(self):
+    cfg = transformer.get_model_config("tiny", d_model=16, n_layers=1, n_heads=1, n_kv_heads=1,
+                                       head_dim=16, mlp_dim=32)
+    _, params = transformer.init_model(cfg, 0)
+    opt = learner.make_optimizer(config_lib.OptimSection())
+    state = learner.init_state(params, opt, 3)
+    state = state.replace(step=jnp.int32(7))
+    host = {"replay": {"tokens": np.arange(5, dtype=np.int32), "empty": np.zeros((0,), bool)},
+            "loop": {"lp": np.linspace(-1, 0, 4).astype(np.float32)}}
+    meta = {"phase": "rl", "position": 12, "nested": {"a": [1, None, 2.5]}}
+    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck.save(7, state, host, meta)
+    abstract = learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0)
+    got_state, got_host, got_meta = ck.restore(None, abstract)
+    self.assertEqual(got_meta, meta)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got_state)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      self.assertEqual(np.asarray(a).dtype, np.asarray(b).dtype)
+    self.assertEqual(jax.tree.structure(state), jax.tree.structure(got_state))
+    for group, arrays in host.items():
+      for name, v in arrays.items():
+        np.testing.assert_array_equal(got_host[group][name], v)
+        self.assertEqual(got_host[group][name].dtype, v.dtype)
+
+  def test_keeps_newest(self):
+    ck = checkpointing.Checkpointer(self.create_tempdir().full_path, max_to_keep=2)
+    for step in (1, 2, 3):
+      ck.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
+    self.assertEqual(ck.all_steps(), [2, 3])
+    state, _, meta = ck.restore(2, {"w": np.zeros((2,), np.float32)})
+    np.testing.assert_array_equal(state["w"], [2, 2])
+    self.assertEqual(meta["step"], 2)
+    with self.assertRaisesRegex(ValueError, "host array"):
+      ck.save(4, {"w": np.zeros(2)}, {"r": {"x": np.zeros((2, 2))}}, {})
+
+  def test_sigkill_during_save_leaves_previous_checkpoint(self):
+    directory = self.create_tempdir().full_path
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, directory], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+      deadline = time.monotonic() + 120
+      line = ""
+      while "COMMITTING" not in line and time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line and child.poll() is not None:
+          break
+      self.assertIn("COMMITTING", line, "the child never reached the commit of checkpoint 2")
+      self.assertTrue(any(p.name.startswith("2") for p in pathlib.Path(directory).iterdir()),
+                      "checkpoint 2 was not being written")
+      child.send_signal(signal.SIGKILL)
+      child.wait(timeout=30)
+    finally:
+      if child.poll() is None:
+        child.kill()
+        child.wait()
+      child.stdout.close()
+    self.assertEqual(child.returncode, -signal.SIGKILL)
+    ck = checkpointing.Checkpointer(directory)
+    self.assertEqual(ck.latest_step(), 1)
+    state, host, meta = ck.restore(None, {"w": np.zeros((4,), np.float32)})
+    np.testing.assert_array_equal(state["w"], np.ones(4))
+    np.testing.assert_array_equal(host["replay"]["x"], np.arange(3))
+    self.assertEqual(meta["step"], 1)
+    # The next save after a crash works and becomes the latest.
+    ck.save(2, {"w": np.full((4,), 3.0, np.float32)}, {}, {"step": 2})
+    self.assertEqual(ck.latest_step(), 2)
+
+
+if __name__ == "__main__":
+  absltest.main()

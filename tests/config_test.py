@@ -1,0 +1,68 @@
+"""Tests for agentic_grpo.config and the experiment configs."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import ml_collections
+
+from agentic_grpo import config as config_lib
+from experiments import outcome_grpo
+from experiments import tiny_codegen
+
+
+class ConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(tiny_codegen, outcome_grpo)
+  def test_experiments_resolve(self, module):
+    cfg = config_lib.from_config_dict(module.get_config())
+    self.assertIsInstance(cfg, config_lib.TrainConfig)
+    self.assertIsInstance(cfg.rl, config_lib.RLSection)
+    self.assertIsInstance(cfg.rl.buckets, tuple)
+
+  def test_baseline_differs_only_in_stage_rewards_and_correction(self):
+    a = config_lib.to_dict(config_lib.from_config_dict(tiny_codegen.get_config()))
+    b = config_lib.to_dict(config_lib.from_config_dict(outcome_grpo.get_config()))
+    self.assertTrue(a["workflow"].pop("stage_rewards"))
+    self.assertFalse(b["workflow"].pop("stage_rewards"))
+    self.assertTrue(a["correction"].pop("enabled"))
+    self.assertFalse(b["correction"].pop("enabled"))
+    self.assertEqual(a, b)
+
+  def test_round_trip_and_defaults(self):
+    cfg = config_lib.TrainConfig()
+    again = config_lib.from_config_dict(ml_collections.ConfigDict(config_lib.to_dict(cfg)))
+    self.assertEqual(again, cfg)
+    # Missing fields take defaults.
+    self.assertEqual(config_lib.from_config_dict({"rl": {"group_size": 4}}).rl.group_size, 4)
+
+  @parameterized.named_parameters(
+      ("range", {"rl": {"group_size": 1}}, r"config\.rl\.group_size must be >= 2, got 1"),
+      ("type", {"rl": {"group_size": "8"}}, r"config\.rl\.group_size must be an int"),
+      ("bool", {"workflow": {"stage_rewards": 1}}, r"config\.workflow\.stage_rewards must be"),
+      ("choice", {"loss": {"aggregation": "sum"}}, r"config\.loss\.aggregation must be one of"),
+      ("unknown", {"rl": {"grup_size": 8}}, r"config\.rl\.grup_size"),
+      ("unknown_section", {"rll": {}}, r"config\.rll"),
+      ("tuple_elem", {"rl": {"buckets": (64, "x")}}, r"config\.rl\.buckets\[1\]"),
+      ("buckets", {"rl": {"buckets": (256, 128)}}, r"config\.rl\.buckets must be strictly"),
+      ("divide", {"rl": {"rows_per_update": 10, "micro_batches": 3}},
+       r"config\.rl\.micro_batches must be >= 1 and divide"),
+      ("cross", {"warmstart": {"seq_len": 512}, "rl": {"buckets": (128, 256)}},
+       r"config\.warmstart\.seq_len must be <="),
+      ("sum_norm", {"loss": {"aggregation": "seq_mean_token_sum_norm"}},
+       r"config\.loss\.max_tokens must be > 0"),
+      ("section", {"rl": 3}, r"config\.rl must be a section"),
+  )
+  def test_errors_name_the_field(self, data, pattern):
+    with self.assertRaisesRegex(ValueError, pattern):
+      config_lib.from_config_dict(data)
+
+  def test_override_like_command_line(self):
+    c = tiny_codegen.get_config()
+    c.rl.group_size = 4
+    c.rl.rows_per_update = 32
+    cfg = config_lib.from_config_dict(c)
+    self.assertEqual(cfg.rl.group_size, 4)
+    self.assertEqual(cfg.rl.rows_per_update, 32)
+
+
+if __name__ == "__main__":
+  absltest.main()

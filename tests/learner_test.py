@@ -1,0 +1,145 @@
+"""Tests for agentic_grpo.learner.
+
+The jitted steps are built once per class (compilation dominates the run time).
+"""
+
+import dataclasses
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo.models import transformer
+
+N, T = 4, 16
+
+
+def _model_config():
+  return transformer.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                      head_dim=16, mlp_dim=64, max_seq_len=64)
+
+
+def _cfg(micro_batches):
+  cfg = config_lib.TrainConfig()
+  return dataclasses.replace(
+      cfg,
+      rl=dataclasses.replace(cfg.rl, micro_batches=micro_batches, rows_per_update=N),
+      # seq_mean_token_mean: micro-batch weights differ from token counts, the harder case.
+      loss=dataclasses.replace(cfg.loss, aggregation="seq_mean_token_mean", kl_beta=0.5))
+
+
+def _batch(seed=0, t=T):
+  rng = np.random.default_rng(seed)
+  mask = rng.random((N, t)) < 0.6
+  mask[:, 0] = False
+  mask[-1] = False  # A padding row.
+  return {
+      "tokens": rng.integers(0, 256, (N, t)).astype(np.int32),
+      "loss_mask": mask,
+      "behaviour_logprobs": np.where(mask, -5.0 + 0.1 * rng.normal(size=(N, t)), 0.0
+                                     ).astype(np.float32),
+      "advantages": np.where(mask, rng.normal(size=(N, t)), 0.0).astype(np.float32),
+      "sample_weights": np.array([1, 1, 1, 0], np.float32),
+  }
+
+
+class LearnerTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.graphdef, _ = transformer.init_model(_model_config(), 0)
+    cls.sh = learner.Shardings.replicated()
+    cls.cfg = _cfg(1)
+    cls.opt = learner.make_optimizer(cls.cfg.optim)
+    cls.step = learner.make_update_step(cls.graphdef, cls.cfg, cls.opt, shardings=cls.sh)
+    cls.step2 = learner.make_update_step(cls.graphdef, _cfg(2), cls.opt, shardings=cls.sh)
+
+  def _state(self, seed=0):
+    params = transformer.init_model(_model_config(), seed)[1]
+    return jax.device_put(learner.init_state(params, self.opt, 0), self.sh.state)
+
+  def _ref(self, seed=0):
+    return jax.device_put(transformer.init_model(_model_config(), seed)[1], self.sh.ref_params)
+
+  def test_micro_batches_match_full_batch(self):
+    batch = learner.to_device_batch(_batch())
+    s1, m1 = self.step(self._state(), batch, self._ref(1))
+    s2, m2 = self.step2(self._state(), batch, self._ref(1))
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(m1["kl"], m2["kl"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    self.assertEqual(int(s1.step), 1)
+
+  def test_nonfinite_update_is_skipped_and_counted(self):
+    batch = _batch()
+    r, c = np.argwhere(batch["loss_mask"])[0]
+    batch["advantages"][r, c] = np.nan
+    state = self._state()
+    before = jax.tree.map(np.asarray, state.params)
+    state, metrics = self.step(state, learner.to_device_batch(batch), self._ref())
+    self.assertEqual(float(metrics["update_skipped"]), 1.0)
+    self.assertEqual(learner.nonfinite_count(state), 1)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
+      np.testing.assert_array_equal(a, b)
+    state, metrics = self.step(state, learner.to_device_batch(_batch(1)), self._ref())
+    self.assertEqual(float(metrics["update_skipped"]), 0.0)
+    self.assertTrue(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params)))
+    self.assertEqual(learner.nonfinite_count(state), 1)
+
+  def test_gradient_clipping(self):
+    # With a huge Adam eps the update is lr * g / eps: linear in the (clipped) gradient.
+    grads = {"w": jnp.full((4,), 10.0)}
+    for clip, want_norm in ((1.0, 1.0), (0.0, 20.0)):
+      opt = learner.make_optimizer(dataclasses.replace(
+          config_lib.OptimSection(), grad_clip=clip, eps=1e6, learning_rate=1.0))
+      updates, _ = jax.jit(opt.update)(grads, opt.init(grads), grads)
+      np.testing.assert_allclose(optax.tree.norm(updates) * 1e6, want_norm, rtol=1e-3)
+
+  def test_reference_kl(self):
+    batch = learner.to_device_batch(_batch())
+    _, same = self.step(self._state(0), batch, self._ref(0))
+    self.assertAlmostEqual(float(same["kl"]), 0.0, places=6)
+    _, other = self.step(self._state(0), batch, self._ref(1))
+    self.assertGreater(float(other["kl"]), 0.0)
+    np.testing.assert_allclose(other["loss"], other["pg_loss"] + 0.5 * other["kl"], rtol=1e-5)
+
+  def test_on_policy_ratio_donation_and_no_recompile(self):
+    state = self._state()
+    batch = _batch()
+    lp = transformer.sequence_logprobs(self.graphdef, state.params, jnp.asarray(batch["tokens"]),
+                                       jnp.broadcast_to(jnp.arange(T), (N, T)), None)
+    batch["behaviour_logprobs"] = np.where(batch["loss_mask"], np.asarray(lp), 0.0)
+    traces = self.step.num_traces
+    old_leaf = jax.tree.leaves(state.params)[0]
+    state, metrics = self.step(state, learner.to_device_batch(batch), self._ref())
+    self.assertTrue(old_leaf.is_deleted())  # The state was donated.
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
+    self.assertEqual(float(metrics["clip_fraction"]), 0.0)
+    for seed in (1, 2):
+      state, _ = self.step(state, learner.to_device_batch(_batch(seed)), self._ref())
+    self.assertLessEqual(self.step.num_traces, max(traces, 1))  # Compiled once at most.
+    self.step(state, learner.to_device_batch(_batch(3, t=2 * T)), self._ref())
+    self.assertEqual(self.step.num_traces, max(traces, 1) + 1)  # A new bucket compiles once.
+
+  def test_sft_step_learns(self):
+    opt = learner.make_optimizer(self.cfg.optim, learning_rate=1e-2)
+    state = jax.device_put(learner.init_state(self._state().params, opt, 0), self.sh.state)
+    step = learner.make_sft_step(self.graphdef, self.cfg, opt, shardings=self.sh)
+    batch = learner.to_device_batch({k: _batch()[k] for k in learner.SFT_KEYS}, learner.SFT_KEYS)
+    losses = []
+    for _ in range(8):
+      state, metrics = step(state, batch)
+      losses.append(float(metrics["loss"]))
+    self.assertLess(losses[-1], 0.7 * losses[0])
+    self.assertEqual(step.num_traces, 1)
+
+
+if __name__ == "__main__":
+  absltest.main()
