@@ -19,6 +19,7 @@ _RUNTIME = [
     "numpy>=1.26",
     "safetensors>=0.4",
     "tokenizers>=0.20",
+    "jinja2>=3.1",  # chat templates of Hugging Face tokenizers
 ]
 
 _EXTRAS = {
