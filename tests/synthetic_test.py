@@ -1,5 +1,6 @@
 """Tests for agentic_grpo.tasks.synthetic: grammar, determinism, splits, ambiguity."""
 
+import dataclasses
 import random
 
 from absl.testing import absltest
@@ -41,9 +42,9 @@ class GrammarTest(parameterized.TestCase):
 
   def test_random_compositions_render_with_right_precedence(self):
     rng = random.Random(1)
-    gen = synthetic.SyntheticTasks(synthetic.SyntheticConfig(depths=(4, 5)))
+    gen = synthetic.SyntheticTasks()
     for _ in range(200):
-      prog = gen._program(rng)  # pylint: disable=protected-access
+      prog = gen._program(rng, rng.choice((4, 5)), rng.choice("LS"))  # pylint: disable=protected-access
       fn = _exec_reference(prog.source())
       for _ in range(5):
         x = _random_input(rng, prog.in_type)
@@ -105,30 +106,47 @@ class GeneratorTest(parameterized.TestCase):
     same = sum(reseeded.task("train", i).prompt == self.train[i].prompt for i in range(50))
     self.assertLess(same, 5)
 
-  def test_splits_are_disjoint_by_program(self):
-    programs = {}
-    for split, n in (("train", _N), ("validation", 100), ("test", 100)):
+  def test_splits_are_disjoint_by_prompt(self):
+    # The default: no validation or test prompt appears in train.
+    prompts, programs = {}, {}
+    for split, n in (("train", _N), ("validation", 60), ("test", 60)):
       tasks = self.train if split == "train" else list(self.gen.tasks(split, 0, n))
+      prompts[split] = {t.prompt for t in tasks}
       programs[split] = {t.metadata["program"] for t in tasks}
       for t in tasks:
         self.assertEqual(t.metadata["split"], split)
-        self.assertEqual(synthetic.split_of(t.metadata["program"]), split)
+        self.assertEqual(synthetic.split_of(synthetic.split_key(t)), split)
+    self.assertEmpty(prompts["train"] & prompts["validation"])
+    self.assertEmpty(prompts["train"] & prompts["test"])
+    self.assertEmpty(prompts["validation"] & prompts["test"])
+    self.assertNotEmpty(programs["train"] & programs["test"])  # held-out instances
+
+  def test_splits_disjoint_by_program(self):
+    gen = synthetic.SyntheticTasks(synthetic.SyntheticConfig(split_by="program"))
+    programs = {}
+    for split, n in (("train", 100), ("validation", 50), ("test", 50)):
+      tasks = list(gen.tasks(split, 0, n))
+      programs[split] = {t.metadata["program"] for t in tasks}
+      for t in tasks:
+        self.assertEqual(synthetic.split_of(synthetic.split_key(t, "program")), split)
     self.assertEmpty(programs["train"] & programs["validation"])
     self.assertEmpty(programs["train"] & programs["test"])
     self.assertEmpty(programs["validation"] & programs["test"])
-    self.assertGreater(len(programs["test"]), 30)
-
-  def test_split_by_task(self):
-    gen = synthetic.SyntheticTasks(synthetic.SyntheticConfig(split_by="task"))
-    keys = {}
-    for split in synthetic.SPLITS:
-      keys[split] = {t.prompt for t in gen.tasks(split, 0, 30 if split == "train" else 10)}
-    self.assertEmpty(keys["train"] & keys["test"])
-    self.assertEmpty(keys["train"] & keys["validation"])
+    self.assertGreater(len(programs["test"]), 20)
+    with self.assertRaisesRegex(ValueError, "split_by"):
+      synthetic.split_key(self.train[0], "depth")
 
   def test_ambiguity_fraction_near_target(self):
     fraction = sum(synthetic.is_ambiguous(t) for t in self.train) / len(self.train)
     self.assertBetween(fraction, 0.2, 0.4)
+
+  def test_ambiguity_grows_with_radius(self):
+    r1 = [synthetic.is_ambiguous(t) for t in self.train[:25]]
+    r2 = [synthetic.is_ambiguous(t, radius=2) for t in self.train[:25]]
+    self.assertTrue(all(b for a, b in zip(r1, r2) if a))  # the radius-1 set is contained
+    self.assertGreater(sum(r2), sum(r1))
+    with self.assertRaisesRegex(ValueError, "no synthetic program"):
+      synthetic.is_ambiguous(dataclasses.replace(self.train[0], metadata={}))
 
   @parameterized.parameters(0.0, 1.0)
   def test_ambiguity_target_extremes(self, target):

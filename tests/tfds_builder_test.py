@@ -45,10 +45,11 @@ class TfdsBuilderTest(absltest.TestCase):
         self.assertEqual(t, gen.task(split, index))
 
   def test_splits_disjoint(self):
-    programs = {s: {r["program"] for r in self.source[s]} for s in synthetic.SPLITS}
-    self.assertEmpty(programs["train"] & programs["test"])
-    self.assertEmpty(programs["train"] & programs["validation"])
-    self.assertEmpty(programs["validation"] & programs["test"])
+    prompts = {s: {tfds_builder.decode_task(r).prompt for r in self.source[s]}
+               for s in synthetic.SPLITS}
+    self.assertEmpty(prompts["train"] & prompts["test"])
+    self.assertEmpty(prompts["train"] & prompts["validation"])
+    self.assertEmpty(prompts["validation"] & prompts["test"])
 
   def test_grain_pipeline(self):
     ds = tfds_builder.load_split("train", self.data_dir, "tiny", seed=3)
