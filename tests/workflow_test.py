@@ -1,23 +1,22 @@
 """Tests for agentic_grpo.agent.workflow, with the real sandbox pool."""
 
-import re
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow
+from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
-_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in workflow.SPECIAL_TOKENS))
+_TOKENIZER = tokenizers.ByteTokenizer()
 
 
 def _byte_tokens(text: str) -> int:
-  """Length in tokens of a byte-level tokenizer with one token per special."""
-  return len(_SPECIAL_RE.sub("\x00", text).encode("utf-8"))
+  """Length in tokens of the byte-level tokenizer (one token per special)."""
+  return len(_TOKENIZER.encode(text))
 
 
 def _sort_task(**overrides):
@@ -82,6 +81,12 @@ class WorkflowTest(parameterized.TestCase):
     for ep, ref in zip(episodes, refs):
       self.assertEqual(ep.segments, ref)
     self.assertEqual(self.wf.pop_error_counts(), {})
+
+  def test_delimiters_are_tokenizer_specials(self):
+    self.assertEqual(set(workflow.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
+    for stage in self.wf.stages:
+      self.assertTrue(_TOKENIZER.is_special(_TOKENIZER.token_id(stage.close_token)))
+    self.assertEqual(_byte_tokens("<obs>1/1</obs><debug>"), 6)
 
   def test_reference_episode_is_compact(self):
     sizes = [_byte_tokens("".join(s.opening + s.output for s in self.wf.reference_segments(t)))
