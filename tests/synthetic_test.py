@@ -44,7 +44,8 @@ class GrammarTest(parameterized.TestCase):
     rng = random.Random(1)
     gen = synthetic.SyntheticTasks()
     for _ in range(200):
-      prog = gen._program(rng, rng.choice((4, 5)), rng.choice("LS"))  # pylint: disable=protected-access
+      depth, in_type = rng.choice((4, 5)), rng.choice("LS")
+      prog = gen._program(rng, depth, in_type)  # pylint: disable=protected-access
       fn = _exec_reference(prog.source())
       for _ in range(5):
         x = _random_input(rng, prog.in_type)
