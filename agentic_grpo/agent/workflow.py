@@ -172,7 +172,6 @@ class Episode:
   segments: list[Segment] = dataclasses.field(default_factory=list)
   pending_opening: Optional[str] = None
   code: Optional[str] = None
-  code_text: Optional[str] = None
   own_tests: tuple[task_lib.Example, ...] = ()
   verified_tests: tuple[task_lib.Example, ...] = ()
   stage_rewards: list[float] = dataclasses.field(default_factory=list)
