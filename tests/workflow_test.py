@@ -112,7 +112,9 @@ class WorkflowTest(parameterized.TestCase):
     r = {res.stage: res.rewards for res in results}
     np.testing.assert_allclose(r["hypothesis"], [0.0, 1.0])
     np.testing.assert_allclose(r["code"], [0.5, 1.0])  # identity passes [5]->[5] only
-    np.testing.assert_allclose(r["tests"], [1.0, 0.0])  # a copy, and a wrong expected value
+    # Episode 0: one new agreeing test and a trivial one-element test (no reward); episode 1: a
+    # copy, and a wrong expected value.
+    np.testing.assert_allclose(r["tests"], [0.5, 0.0])
     # Episode 0's observation lists the public and own tests the identity fails.
     obs = episodes[0].segments[3].opening
     self.assertTrue(obs.startswith("<obs>2/4\n"), obs)
@@ -138,7 +140,7 @@ class WorkflowTest(parameterized.TestCase):
     episodes, results, final = self._run([task] * 3, {
         "hypothesis": ["[2,4,9]", "oops</hyp>", "[2,4,9]</hyp>trailing"],  # no close token
         "code": ["sorted(x)", "def g(x): return x</code>", "sorted(x</code>"],
-        "tests": ["</tests>", "a->b\nc</tests>", "[1]->[1]</tests>"],
+        "tests": ["</tests>", "a->b\nc</tests>", "[2,1]->[1,2]</tests>"],
         "debug_1": ["</debug>", "keep</debug>", "nonsense(</debug>"],
     })
     r = {res.stage: res for res in results}
@@ -156,18 +158,29 @@ class WorkflowTest(parameterized.TestCase):
       self.assertLen(ep.segments, 4)
     self.assertEqual(sum(res.errors for res in results) + final.errors, 0)
 
+  _TESTS_OUTPUTS = ["[2,1]->[1,2]\n[2,1]->[1,2]\n[0]->[0]</tests>",   # duplicate counted once
+                    "[5]->[5]\n[9,1]->[1,9]\n[1]->[2]</tests>",       # copy, ok, wrong
+                    "[1]->[1]\n[2]->[2]\n[3]->[3]\n[4]->[5]</tests>",  # 4th line ignored
+                    "'a'->'a'\n[1,2],3->[1]\n[[1]]->[[1]]</tests>"]   # str sorts to list; arity
+
   def test_tests_reward_counts_new_agreeing_tests(self):
+    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_tests=3,
+                                                   min_test_input_len=0), self.pool)
+    _, results, _ = self._run([_sort_task()] * 4, {
+        "code": ["sorted(x)</code>"] * 4, "tests": self._TESTS_OUTPUTS}, wf)
+    np.testing.assert_allclose(results[1].rewards, [2 / 3, 1 / 3, 1.0, 1 / 3])
+
+  def test_trivial_tests_earn_nothing(self):
+    """Tests on empty or one-element inputs agree with most references: no free reward."""
     wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_tests=3),
                            self.pool)
-    task = _sort_task()
-    _, results, _ = self._run([task] * 4, {
-        "code": ["sorted(x)</code>"] * 4,
-        "tests": ["[2,1]->[1,2]\n[2,1]->[1,2]\n[0]->[0]</tests>",   # duplicate counted once
-                  "[5]->[5]\n[9,1]->[1,9]\n[1]->[2]</tests>",       # copy, ok, wrong
-                  "[1]->[1]\n[2]->[2]\n[3]->[3]\n[4]->[5]</tests>",  # 4th line ignored
-                  "'a'->'a'\n[1,2],3->[1]\n[[1]]->[[1]]</tests>"],   # str sorts to list; arity
-    }, wf)
-    np.testing.assert_allclose(results[1].rewards, [2 / 3, 1 / 3, 1.0, 1 / 3])
+    _, results, _ = self._run([_sort_task()] * 5, {
+        "code": ["sorted(x)</code>"] * 5,
+        "tests": self._TESTS_OUTPUTS + ["[]->[]\n[7]->[7]\n''->[]</tests>"]}, wf)
+    np.testing.assert_allclose(results[1].rewards, [1 / 3, 1 / 3, 0.0, 0.0, 0.0])
+    reference = wf.reference_outputs(self.synthetic[0])[wf.stage_names.index("tests")]
+    for line in reference.split("</tests>")[0].split("\n"):
+      self.assertFalse(workflow._is_trivial(task_lib.parse_example(line), 2), line)
 
   def test_all_humaneval_canonical_completions_score_one(self):
     tasks = humaneval.load_humaneval()

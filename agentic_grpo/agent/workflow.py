@@ -97,6 +97,9 @@ class WorkflowConfig:
       with `valid=False`; the final reward is always computed).
     reference_debug: what the reference episode's debug stages output: `keep` or `restate`
       (repeat the reference code).
+    min_test_input_len: an agent-written test earns reward only if every list, tuple or string
+      argument has at least this many elements: `[]->[]` agrees with the reference of most list
+      functions and says nothing about them, so it must not be a free reward.
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
@@ -105,6 +108,7 @@ class WorkflowConfig:
   max_value_chars: int = 32
   score_stages: bool = True
   reference_debug: str = KEEP
+  min_test_input_len: int = 2
 
   def __post_init__(self):
     stages = tuple(self.stages)
@@ -124,6 +128,9 @@ class WorkflowConfig:
     if self.max_obs_chars < 8 or self.max_value_chars < 4:
       raise ValueError(f"max_obs_chars must be >= 8 and max_value_chars >= 4, got "
                        f"{self.max_obs_chars}, {self.max_value_chars}")
+    if not isinstance(self.min_test_input_len, int) or self.min_test_input_len < 0:
+      raise ValueError(f"min_test_input_len must be an int >= 0, got "
+                       f"{self.min_test_input_len!r}")
     if self.reference_debug not in (KEEP, "restate"):
       raise ValueError(f"reference_debug must be 'keep' or 'restate', got "
                        f"{self.reference_debug!r}")
@@ -305,6 +312,11 @@ def _compact_reference(task: task_lib.Task) -> Optional[str]:
 
 def _is_copy(example: task_lib.Example, others: Sequence[task_lib.Example]) -> bool:
   return any(task_lib.values_equal(example.args, o.args) for o in others)
+
+
+def _is_trivial(example: task_lib.Example, min_len: int) -> bool:
+  """True if a sequence argument is shorter than `min_len` (e.g. `[]` or `\"a\"`)."""
+  return any(isinstance(a, (list, tuple, str)) and len(a) < min_len for a in example.args)
 
 
 class _Guard:
@@ -518,7 +530,8 @@ class TestsStage(Stage):
       if tests is not _UNPARSED:
         for t in tests:
           if (t is not None and not _is_copy(t, ep.task.public_examples)
-              and not _is_copy(t, fresh)):
+              and not _is_copy(t, fresh)
+              and not _is_trivial(t, self.config.min_test_input_len)):
             fresh.append(t)
       candidates.append(fresh)
       ref = ep.task.reference_solution
@@ -555,6 +568,8 @@ class TestsStage(Stage):
 
     chosen = []
     for ex in sorted(task.hidden_tests, key=key):
+      if _is_trivial(ex, self.config.min_test_input_len):
+        continue
       if not _is_copy(ex, task.public_examples) and not _is_copy(ex, chosen):
         chosen.append(ex)
       if len(chosen) == self.config.num_tests:
