@@ -556,24 +556,41 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = No
   return jax.tree_util.tree_map_with_path(put, batch)
 
 
-def kv_cache_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.Mesh,
+def _kv_cache_axes(model_config: transformer.ModelConfig) -> tuple[str, ...]:
+  """Logical axes of one layer's keys/values, read off `transformer.init_cache`.
+
+  The layout is the model's business; it is found with `jax.eval_shape` on a
+  probe config whose sizes are all distinct, so it follows any reordering.
+  """
+  declared = getattr(transformer, "KV_CACHE_AXES", None)
+  if declared is not None:
+    return tuple(declared)
+  probe = dataclasses.replace(model_config, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=6)
+  sizes = {3: "batch", 5: "cache_length", 2: "kv_heads", 6: "head_dim"}
+  shape = jax.eval_shape(lambda: transformer.init_cache(probe, 3, 5)).k[0].shape
+  if len(shape) != 4 or sorted(shape) != sorted(sizes):
+    raise ValueError(f"unexpected KV cache layout {shape} from transformer.init_cache")
+  return tuple(sizes[d] for d in shape)
+
+
+def kv_cache_shardings(model_config: transformer.ModelConfig, mesh: MeshLike,
                        batch_size: int, max_len: int,
                        rules: Optional[Rules] = None) -> transformer.KVCache:
   """Shardings of `transformer.init_cache(model_config, batch_size, max_len)`.
 
-  Keys and values `[N, S, n_kv_heads, head_dim]` are split by rows (`batch`)
-  and key/value heads (`kv_heads`); `valid` `[N, S]` by rows; `index` is
-  replicated.
+  Keys and values are split by rows (`batch`) and key/value heads
+  (`kv_heads`), slots and head width whole; `valid` `[N, S]` by rows;
+  `index` is replicated.
 
   Returns:
     A `KVCache` whose leaves are `NamedSharding`s.
   """
-  kv_shape = (batch_size, max_len, model_config.n_kv_heads, model_config.head_dim)
-  kv = NamedSharding(mesh, logical_to_spec(("batch", "cache_length", "kv_heads", "head_dim"),
-                                           kv_shape, mesh, rules))
+  abstract = jax.eval_shape(lambda: transformer.init_cache(model_config, batch_size, max_len))
+  axes = _kv_cache_axes(model_config)
+  kv = NamedSharding(mesh, logical_to_spec(axes, abstract.k[0].shape, mesh, rules))
   valid = NamedSharding(mesh, logical_to_spec(("batch", "cache_length"),
-                                              (batch_size, max_len), mesh, rules))
-  layers = model_config.n_layers
+                                              abstract.valid.shape, mesh, rules))
+  layers = len(abstract.k)
   return transformer.KVCache(k=(kv,) * layers, v=(kv,) * layers, valid=valid,
                              index=NamedSharding(mesh, P()))
 
