@@ -1,0 +1,218 @@
+r"""Per-device memory of a training run, computed from shapes before paying for a pod.
+
+For a model preset, a `(data, fsdp, tensor)` mesh and the batch shapes, prints
+what each device holds: parameters, gradients, optimizer state (the learner's
+own optimizer, from `jax.eval_shape`), the sampler's KV cache, and an estimate
+of the learner's activations. Shardings are the ones the run would use
+(`agentic_grpo.sharding` with the default logical axis rules, on an
+`AbstractMesh`: no devices needed), including the replication of dimensions
+the mesh does not divide.
+
+  python -m launch.plan --model=qwen2_7b --mesh=1,8,4 --learner_rows=64 \
+      --seq_len=4096 --micro_batches=4 --sample_rows=128 --cache_len=4096 --hbm_gib=95
+
+Activations are an estimate of what the backward pass keeps (no
+rematerialisation, as the model is written): per layer and token the block
+input, both norm outputs, q/k/v, attention probabilities and output, the MLP
+gate/up/hidden, in the compute dtype, plus the float32 softmax output (the
+attention is materialised: `[rows, heads, T, T]` per layer, the term that
+dominates at long T), and three float32 `[rows, T, V]` tensors for the
+logits, their log-softmax and the entropy. Rows per device are those of one
+micro-batch; when the batch mesh axes do not divide a micro-batch's rows they
+are not split (as `sharding.batch_sharding` does), so choose
+`learner_rows / micro_batches` as a multiple of `data * fsdp`. XLA may fuse
+some of these away or keep temporaries this count misses; treat the figure
+as a planning number, not a bound.
+"""
+
+import dataclasses
+from typing import Optional, Sequence
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import sharding
+from agentic_grpo.models import transformer
+
+_MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {transformer.PRESETS}")
+_MESH = flags.DEFINE_string("mesh", "-1,1,1", "data,fsdp,tensor sizes (one may be -1)")
+_NUM_DEVICES = flags.DEFINE_integer("num_devices", 0,
+                                    "devices in the slice (0 = product of --mesh)")
+_LEARNER_ROWS = flags.DEFINE_integer("learner_rows", 64, "rows N per learner update")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 2048, "tokens T per learner row")
+_MICRO = flags.DEFINE_integer("micro_batches", 1, "micro-batches per update")
+_SAMPLE_ROWS = flags.DEFINE_integer("sample_rows", 64, "rows sampled at once (B*G)")
+_CACHE_LEN = flags.DEFINE_integer("cache_len", 2048, "KV-cache slots (prompt + new tokens)")
+_HBM = flags.DEFINE_float("hbm_gib", 0.0, "memory per device in GiB, to check the fit (0 = skip)")
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Per-device bytes of each part of a run.
+
+  Attributes:
+    mesh_shape: `(data, fsdp, tensor)`.
+    num_params: parameters of the model.
+    params, grads, opt_state, kv_cache, activations: bytes per device (the
+      largest over devices where shards differ).
+    rows_per_device: learner rows per device and micro-batch.
+    sample_rows_per_device: sampler rows per device.
+  """
+  mesh_shape: tuple[int, int, int]
+  num_params: int
+  params: int
+  grads: int
+  opt_state: int
+  kv_cache: int
+  activations: int
+  rows_per_device: int
+  sample_rows_per_device: int
+
+  @property
+  def total(self) -> int:
+    """Learner step peak: parameters, gradients, optimizer state, activations."""
+    return self.params + self.grads + self.opt_state + self.activations
+
+  @property
+  def sampling_total(self) -> int:
+    """Sampler peak: parameters and KV cache (the learner's state stays resident)."""
+    return self.params + self.opt_state + self.kv_cache
+
+
+def _tree_bytes(abstract, shardings) -> int:
+  total = 0
+  for a, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)):
+    total += int(np.prod(s.shard_shape(tuple(a.shape)), dtype=np.int64)) * np.dtype(a.dtype).itemsize
+  return total
+
+
+def _split(dim: int, ways: int) -> int:
+  """Per-device size of a dimension split `ways` ways, or whole if indivisible."""
+  return dim // ways if dim % ways == 0 else dim
+
+
+def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], *,
+              learner_rows: int, seq_len: int, micro_batches: int = 1,
+              sample_rows: int, cache_len: int,
+              optim: Optional[config_lib.OptimSection] = None,
+              rules: Optional[sharding.Rules] = None) -> Plan:
+  """Per-device memory of a run.
+
+  Args:
+    model_config: the model shape.
+    mesh_shape: `(data, fsdp, tensor)`, all positive.
+    learner_rows: rows N of one learner update (all devices together).
+    seq_len: tokens T per learner row.
+    micro_batches: the update is computed in this many micro-batches.
+    sample_rows: rows sampled at once (B*G, all devices together).
+    cache_len: KV-cache slots per sampled row.
+    optim: optimizer section (default: the config's defaults).
+    rules: logical axis rules (default `sharding.DEFAULT_RULES`).
+
+  Returns:
+    A `Plan`.
+
+  Raises:
+    ValueError: non-positive sizes, or `micro_batches` not dividing `learner_rows`.
+  """
+  for name, v in (("learner_rows", learner_rows), ("seq_len", seq_len),
+                  ("micro_batches", micro_batches), ("sample_rows", sample_rows),
+                  ("cache_len", cache_len)):
+    if v <= 0:
+      raise ValueError(f"{name} must be positive, got {v}")
+  if learner_rows % micro_batches:
+    raise ValueError(f"micro_batches ({micro_batches}) must divide learner_rows ({learner_rows})")
+  mesh_shape = tuple(int(s) for s in mesh_shape)
+  sharding.resolve_mesh_shape(mesh_shape, int(np.prod(mesh_shape)))  # validates
+  mesh = jax.sharding.AbstractMesh(mesh_shape, sharding.MESH_AXES)
+  sm = sharding.shard_model(model_config, mesh, rules)
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
+  params = _tree_bytes(abstract, sm.param_shardings)
+  num_params = transformer.param_count(abstract)
+  # The learner accumulates gradients over micro-batches: accumulator plus one micro-batch.
+  grads = params * (2 if micro_batches > 1 else 1)
+  tx = learner.make_optimizer(optim or config_lib.OptimSection())
+  abstract_opt, opt_shardings = sharding.optimizer_state_shardings(tx, sm)
+  opt_state = _tree_bytes(abstract_opt, opt_shardings)
+
+  c = model_config
+  cache_sh = sharding.kv_cache_shardings(c, mesh, sample_rows, cache_len, rules)
+  cache_abs = jax.eval_shape(lambda: transformer.init_cache(c, sample_rows, cache_len))
+  kv_cache = _tree_bytes(cache_abs, cache_sh)
+
+  rows = learner_rows // micro_batches
+  row_spec = sharding.batch_sharding(mesh, (rows, seq_len), rules).spec[0]
+  row_axes = (row_spec,) if isinstance(row_spec, str) else tuple(row_spec or ())
+  row_ways = int(np.prod([mesh.shape[a] for a in row_axes]))
+  n = rows // row_ways
+  sample_row_spec = cache_sh.valid.spec[0]
+  sample_axes = (sample_row_spec,) if isinstance(sample_row_spec, str) else tuple(
+      sample_row_spec or ())
+  n_sample = sample_rows // int(np.prod([mesh.shape[a] for a in sample_axes]))
+  t = mesh.shape["tensor"]
+  h, kv = _split(c.n_heads, t), _split(c.n_kv_heads, t)
+  f, v = _split(c.mlp_dim, t), _split(c.vocab_size, t)
+  b = np.dtype(c.dtype).itemsize
+  d, dh, seq = c.d_model, c.head_dim, seq_len
+  per_token_layer = b * (
+      2 * d                      # block input, attention-norm output
+      + (h + 2 * kv) * dh        # q, k, v
+      + h * seq                  # attention probabilities
+      + h * dh + d               # attention output, residual after attention
+      + d                        # MLP-norm output
+      + 3 * f                    # gate, up, silu(gate) * up
+  ) + 4 * h * seq                # float32 softmax output
+  activations = n * seq * (c.n_layers * per_token_layer + 3 * 4 * v)
+  return Plan(mesh_shape=mesh_shape, num_params=num_params, params=params, grads=grads,
+              opt_state=opt_state, kv_cache=kv_cache, activations=int(activations),
+              rows_per_device=n, sample_rows_per_device=n_sample)
+
+
+def format_plan(plan: Plan, model_name: str, hbm_gib: float = 0.0) -> str:
+  """A human-readable table of a `Plan` (GiB per device)."""
+  lines = [
+      f"model {model_name}: {plan.num_params / 1e9:.3f} B parameters",
+      f"mesh (data, fsdp, tensor) = {plan.mesh_shape}, {int(np.prod(plan.mesh_shape))} devices; "
+      f"learner rows/device/micro-batch {plan.rows_per_device}, "
+      f"sampler rows/device {plan.sample_rows_per_device}",
+      f"  {'parameters':<28}{plan.params / GIB:10.2f} GiB",
+      f"  {'gradients':<28}{plan.grads / GIB:10.2f} GiB",
+      f"  {'optimizer state':<28}{plan.opt_state / GIB:10.2f} GiB",
+      f"  {'activations (estimate)':<28}{plan.activations / GIB:10.2f} GiB",
+      f"  {'KV cache (sampler)':<28}{plan.kv_cache / GIB:10.2f} GiB",
+      f"  {'learner step peak':<28}{plan.total / GIB:10.2f} GiB",
+      f"  {'sampling peak':<28}{plan.sampling_total / GIB:10.2f} GiB",
+  ]
+  if hbm_gib > 0:
+    worst = max(plan.total, plan.sampling_total) / GIB
+    verdict = "fits" if worst <= hbm_gib else "does NOT fit"
+    lines.append(f"  {worst:.2f} GiB of {hbm_gib:.0f} GiB per device: {verdict}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  try:
+    sizes = tuple(int(s) for s in _MESH.value.split(","))
+  except ValueError as e:
+    raise app.UsageError(f"--mesh must be three comma-separated ints, got {_MESH.value!r}") from e
+  num_devices = _NUM_DEVICES.value or int(abs(np.prod(sizes)))
+  if -1 in sizes and not _NUM_DEVICES.value:
+    raise app.UsageError("--mesh has a -1: give --num_devices")
+  shape = sharding.resolve_mesh_shape(sizes, num_devices)
+  model_config = transformer.get_model_config(_MODEL.value)
+  plan = make_plan(model_config, shape, learner_rows=_LEARNER_ROWS.value, seq_len=_SEQ_LEN.value,
+                   micro_batches=_MICRO.value, sample_rows=_SAMPLE_ROWS.value,
+                   cache_len=_CACHE_LEN.value)
+  print(format_plan(plan, _MODEL.value, _HBM.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

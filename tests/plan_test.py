@@ -1,0 +1,97 @@
+"""Tests for launch/plan.py: per-device memory from shapes."""
+
+import contextlib
+import io
+
+from absl.testing import absltest
+from absl.testing import flagsaver
+import jax
+import numpy as np
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import sharding
+from agentic_grpo.models import transformer
+from launch import plan
+
+_TINY = transformer.ModelConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=8, mlp_dim=64,
+    max_seq_len=64)
+
+
+def _bytes_on_device(tree, shardings, device) -> int:
+  """Bytes that `device` holds once `tree` is placed with `shardings` (measured)."""
+  total = 0
+  for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    x = jax.device_put(np.zeros(a.shape, a.dtype), s)
+    total += sum(sh.data.nbytes for sh in x.addressable_shards if sh.device == device)
+  return total
+
+
+class PlanTest(absltest.TestCase):
+
+  def test_matches_arrays_placed_on_a_real_mesh(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    p = plan.make_plan(_TINY, (2, 2, 2), learner_rows=8, seq_len=16, sample_rows=8,
+                       cache_len=32)
+    sm = sharding.shard_model(_TINY, mesh)
+    dev = mesh.devices.flat[0]
+    self.assertEqual(p.params, _bytes_on_device(sm.abstract_params, sm.param_shardings, dev))
+    tx = learner.make_optimizer(config_lib.OptimSection())
+    abstract_opt, opt_sh = sharding.optimizer_state_shardings(tx, sm)
+    self.assertEqual(p.opt_state, _bytes_on_device(abstract_opt, opt_sh, dev))
+    cache_sh = sharding.kv_cache_shardings(_TINY, mesh, 8, 32)
+    cache = jax.eval_shape(lambda: transformer.init_cache(_TINY, 8, 32))
+    self.assertEqual(p.kv_cache, _bytes_on_device(cache, cache_sh, dev))
+    self.assertEqual(p.rows_per_device, 2)
+    self.assertEqual(p.num_params, transformer.param_count(sm.abstract_params))
+
+  def test_qwen2_7b_on_32_devices(self):
+    c = transformer.get_model_config("qwen2_7b")
+    p = plan.make_plan(c, (1, 8, 4), learner_rows=64, seq_len=1024, micro_batches=4,
+                       sample_rows=128, cache_len=2048)
+    # Matrices split 32 ways (bf16); norm scales and biases have no second axis to
+    # split, so they are replicated over one of fsdp / tensor: a tiny excess.
+    excess = p.params * 32 - p.num_params * 2
+    self.assertBetween(excess, 1, 1e-3 * p.num_params * 2)
+    self.assertEqual(p.grads, 2 * p.params)  # accumulator + one micro-batch
+    # AdamW moments in the parameter dtype, plus a few scalar counters.
+    self.assertBetween(p.opt_state - 2 * p.params, 0, 1024)
+    # KV cache: 128 rows over fsdp 8, 4 kv heads over tensor 4.
+    kv = (128 // 8) * 2048 * c.n_layers * 2 * (c.n_kv_heads // 4) * c.head_dim * 2
+    self.assertEqual(p.kv_cache, kv + (128 // 8) * 2048 + 4)  # + valid mask, int32 index
+    self.assertEqual(p.rows_per_device, 2)
+
+  def test_more_sharding_less_memory_and_activations_scale(self):
+    base = dict(learner_rows=16, seq_len=32, sample_rows=16, cache_len=64)
+    p1 = plan.make_plan(_TINY, (8, 1, 1), **base)
+    p2 = plan.make_plan(_TINY, (1, 8, 1), **base)
+    self.assertLess(p2.params, p1.params)
+    self.assertEqual(p1.activations, p2.activations)  # same rows per device
+    longer = plan.make_plan(_TINY, (8, 1, 1), **dict(base, seq_len=64))
+    self.assertGreater(longer.activations, 2 * p1.activations)  # attention is quadratic
+    more_rows = plan.make_plan(_TINY, (8, 1, 1), **dict(base, learner_rows=32))
+    self.assertEqual(more_rows.activations, 2 * p1.activations)
+
+  def test_bad_arguments_raise(self):
+    with self.assertRaisesRegex(ValueError, "micro_batches"):
+      plan.make_plan(_TINY, (1, 1, 1), learner_rows=6, seq_len=8, micro_batches=4,
+                     sample_rows=1, cache_len=8)
+    with self.assertRaisesRegex(ValueError, "seq_len"):
+      plan.make_plan(_TINY, (1, 1, 1), learner_rows=4, seq_len=0, sample_rows=1, cache_len=8)
+
+  def test_main_prints_the_table(self):
+    out = io.StringIO()
+    with flagsaver.flagsaver(model="qwen2_0_5b", mesh="2,-1,1", num_devices=8, hbm_gib=0.001,
+                             seq_len=64, cache_len=64, learner_rows=8, sample_rows=8):
+      with contextlib.redirect_stdout(out):
+        plan.main(["plan"])
+    text = out.getvalue()
+    self.assertIn("(2, 4, 1), 8 devices", text)
+    self.assertIn("does NOT fit", text)
+    for row in ("parameters", "optimizer state", "KV cache", "activations"):
+      self.assertIn(row, text)
+
+
+if __name__ == "__main__":
+  absltest.main()
