@@ -135,6 +135,8 @@ class RLSection:
   `group_size` attempts (G); `batches_in_flight` episode batches overlap (sampling, sandbox and
   learning); each update takes `rows_per_update` replay rows (N), split into `micro_batches`.
   Rows are padded to the smallest of `buckets` that fits (each bucket compiles once).
+  `max_idle_batches` consecutive episode batches without any learning signal (every group's
+  rewards equal) end the phase early (0 = never).
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -146,8 +148,11 @@ class RLSection:
   top_k: int = 0
   top_p: float = 1.0
   buckets: tuple[int, ...] = (128, 256)
+  max_idle_batches: int = 50
 
   def validate(self, path: str) -> None:
+    _check(self.max_idle_batches >= 0, f"{path}.max_idle_batches", "must be >= 0",
+           self.max_idle_batches)
     _check(self.num_steps >= 0, f"{path}.num_steps", "must be >= 0", self.num_steps)
     _check(self.tasks_per_batch >= 1, f"{path}.tasks_per_batch", "must be >= 1",
            self.tasks_per_batch)

@@ -23,6 +23,7 @@ Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import flax
@@ -57,9 +58,13 @@ class TrainState:
   rng: jax.Array
 
 
+@functools.lru_cache(maxsize=32)
 def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[float] = None,
                    warmup_steps: Optional[int] = None) -> optax.GradientTransformation:
   """AdamW with linear warm-up and clipping, skipping non-finite updates.
+
+  Cached: equal arguments return the same object, so that the jitted steps built on it are
+  reused (no recompilation) by later runs in the same process.
 
   Args:
     optim: optimizer section of the config.
@@ -188,6 +193,10 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
                      shardings: Optional[Shardings] = None):
   """Builds the jitted Agentic GRPO update `(state, batch, ref_params) -> (state, metrics)`.
 
+  Cached on the arguments that shape the computation (model structure, `loss`, micro-batches,
+  sampling transform, optimizer, shardings): a second run in the same process reuses the
+  compiled step.
+
   Args:
     graphdef: the model structure (static).
     cfg: the run config; uses `loss`, `rl` (micro_batches, sampling transform).
@@ -204,9 +213,17 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
   `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the update),
   `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
   """
-  loss_cfg, rl = cfg.loss, cfg.rl
+  rl = cfg.rl
+  return _update_step(graphdef, cfg.loss, rl.micro_batches, (rl.temperature, rl.top_k, rl.top_p),
+                      optimizer, shardings or Shardings.replicated())
+
+
+@functools.lru_cache(maxsize=16)
+def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
+                 transform_args: tuple[float, int, float], optimizer, shardings: Shardings):
+  """The cached body of `make_update_step`."""
   max_tokens = loss_cfg.max_tokens or None
-  transform = dict(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+  transform = dict(zip(("temperature", "top_k", "top_p"), transform_args))
   use_kl = loss_cfg.kl_beta > 0
 
   def loss_fn(params, mb, ref_params):
@@ -238,7 +255,7 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   def step(state: TrainState, batch: dict[str, jax.Array], ref_params):
     batch = {k: batch[k] for k in BATCH_KEYS}
-    micro = _split_micro(batch, rl.micro_batches)
+    micro = _split_micro(batch, micro_batches)
     loss, metrics, grads = _accumulate(
         lambda p, mb: loss_fn(p, mb, ref_params), state.params, micro, loss_cfg.aggregation,
         max_tokens)
@@ -246,7 +263,6 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
     metrics = dict(metrics, loss_tokens=jnp.sum(batch["loss_mask"]).astype(jnp.float32))
     return _apply_updates(state, grads, optimizer, loss, metrics)
 
-  shardings = shardings or Shardings.replicated()
   return CountedJit(step, in_shardings=(shardings.state, shardings.batch, shardings.ref_params),
                     out_shardings=(shardings.state, None), donate_argnums=(0,))
 
@@ -259,8 +275,14 @@ def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
   `batch` holds `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on the tokens to
   imitate); the loss is the token-mean negative log-likelihood (temperature 1, no filtering).
   Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`, `nonfinite_total`.
-  Micro-batched like `make_update_step` (token-count weighting).
+  Micro-batched like `make_update_step` (token-count weighting); cached like it.
   """
+  return _sft_step(graphdef, cfg.rl.micro_batches, optimizer, shardings or Shardings.replicated())
+
+
+@functools.lru_cache(maxsize=8)
+def _sft_step(graphdef, micro_batches: int, optimizer, shardings: Shardings):
+  """The cached body of `make_sft_step`."""
 
   def loss_fn(params, mb):
     mask = mb["loss_mask"]
@@ -274,12 +296,11 @@ def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   def step(state: TrainState, batch: dict[str, jax.Array]):
     batch = {k: batch[k] for k in SFT_KEYS}
-    micro = _split_micro(batch, cfg.rl.micro_batches if
-                         batch["tokens"].shape[0] % cfg.rl.micro_batches == 0 else 1)
+    micro = _split_micro(batch, micro_batches if
+                         batch["tokens"].shape[0] % micro_batches == 0 else 1)
     loss, metrics, grads = _accumulate(loss_fn, state.params, micro, "token_mean", None)
     return _apply_updates(state, grads, optimizer, loss, metrics)
 
-  shardings = shardings or Shardings.replicated()
   return CountedJit(step, in_shardings=(shardings.state, shardings.batch),
                     out_shardings=(shardings.state, None), donate_argnums=(0,))
 

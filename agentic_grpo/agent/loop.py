@@ -1,0 +1,515 @@
+"""The host-side agent loop: staged episodes in flight, feeding the staged replay.
+
+`AgentLoop` runs episode batches of `B` tasks x `G` attempts through a `workflow.Workflow`, stage
+by stage. For each stage it builds every episode's context *as tokens* (the task prompt, earlier
+openings and the model's own earlier outputs, environment observations), samples the stage
+output with the newest published params (recording their policy version and the behaviour
+log-probs), hands the decoded text to the workflow for parsing and scoring in the sandbox, and
+feeds the scored segments to `replay.StagedReplay` (`add_stage`, then `finish` with the final
+rewards). What the sampler generated is what the learner trains on: generated token ids are
+kept, never re-tokenised from text.
+
+Pipelining. `batches_in_flight` episode batches are in flight. The loop is a small state machine
+whose every call to `step` does one action on one batch, round-robin:
+
+* `harvest`: wait for that batch's sandbox job (scoring of the stage it sampled last time, plus
+  the next stage's opening or the final reward) and feed the results to the replay; a finished
+  batch is replaced by a new one from the task stream;
+* `sample`: sample that batch's next stage on the device and submit its sandbox job to a
+  background thread.
+
+Between calls the trainer runs learner updates on whatever the replay made ready, so (i) the
+provisional update of a stage is applied before that batch's next stage is sampled, and (ii) the
+sandbox work of one batch overlaps with sampling and learning on the others. Jobs are harvested
+in a fixed order, so a run is deterministic given its seed; the loop's whole state (in-flight
+episodes as generated tokens, RNG counter, task-stream position) round-trips through
+`state_dict`, and restoring replays the workflow on the recorded outputs, resubmitting any job
+that was in flight.
+
+Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
+verdicts (timeouts, memory, crashes) are counted by `CountingPool`; a sandbox job that fails as
+a whole abandons its batch (its remaining stages are reported as skipped and its final rewards
+as 0, which nets out its provisional updates) and is counted. None of these stops the run.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging
+import numpy as np
+
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.tasks import task as task_lib
+
+# `sample_fn(params, prompts [N, P] int32 right-padded, prompt_lengths [N], rng_counter, greedy)
+#   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`.
+SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray,
+                                                                      np.ndarray]]
+
+
+class TaskStream:
+  """A deterministic, resumable stream of training tasks.
+
+  With `pool_size == 0` task `p` of the stream is `get_task(p)`; otherwise the stream cycles over
+  a finite pool of `pool_size` tasks, visiting them in a fresh seeded order every epoch. The
+  data position is the number of tasks drawn so far.
+
+  Args:
+    get_task: index -> `Task` (random access into a task source's split).
+    pool_size: size of the finite pool (0 = unlimited).
+    seed: seed of the per-epoch orders.
+  """
+
+  def __init__(self, get_task: Callable[[int], task_lib.Task], *, pool_size: int = 0,
+               seed: int = 0):
+    if pool_size < 0:
+      raise ValueError(f"pool_size must be >= 0, got {pool_size}")
+    self._get_task = get_task
+    self.pool_size = int(pool_size)
+    self.seed = int(seed)
+    self.position = 0
+    self._order_epoch, self._order = -1, None
+
+  def index(self, position: int) -> int:
+    """Source index of the task at stream `position`."""
+    if not self.pool_size:
+      return position
+    epoch, within = divmod(position, self.pool_size)
+    if epoch != self._order_epoch:
+      self._order = np.random.default_rng([self.seed, epoch]).permutation(self.pool_size)
+      self._order_epoch = epoch
+    return int(self._order[within])
+
+  def epoch(self) -> int:
+    """Epochs completed (0 for an unlimited stream)."""
+    return self.position // self.pool_size if self.pool_size else 0
+
+  def take(self, n: int) -> tuple[list[int], list[task_lib.Task]]:
+    """The next `n` tasks and their stream positions."""
+    positions = list(range(self.position, self.position + n))
+    self.position += n
+    return positions, [self._get_task(self.index(p)) for p in positions]
+
+  def at(self, positions: Sequence[int]) -> list[task_lib.Task]:
+    """Tasks at given stream positions (for restoring in-flight episodes)."""
+    return [self._get_task(self.index(p)) for p in positions]
+
+
+class CountingPool:
+  """Wraps a sandbox pool and counts run verdicts (`timeout`, `error`, ...) thread-safely."""
+
+  def __init__(self, pool):
+    self._pool = pool
+    self._lock = threading.Lock()
+    self.counts: collections.Counter = collections.Counter()
+
+  def map(self, programs, limits=None):
+    results = self._pool.map(programs, limits) if limits is not None else self._pool.map(
+        programs)
+    with self._lock:
+      for r in results:
+        self.counts[str(getattr(r.verdict, "value", r.verdict))] += 1
+    return results
+
+  def pop_counts(self) -> dict[str, int]:
+    with self._lock:
+      out = dict(self.counts)
+      self.counts.clear()
+    return out
+
+
+@dataclasses.dataclass
+class _Sampled:
+  """A sampled, not yet harvested stage of a batch."""
+  stage: int
+  version: int
+  gen: list[np.ndarray]        # per episode: generated ids (stop token included)
+  logprobs: list[np.ndarray]   # per episode: behaviour log-probs of `gen`
+  sampled: np.ndarray          # [N] bool: False where the context was too long to sample
+
+
+@dataclasses.dataclass
+class _Batch:
+  """One episode batch in flight."""
+  batch_id: int
+  positions: list[int]               # task-stream positions of the B tasks
+  group_ids: list[int]
+  episode_ids: list[int]             # N = B * G, group-major
+  workflow: workflow_lib.Workflow
+  episodes: list[workflow_lib.Episode]
+  context: list[list[int]]           # per episode: tokens so far (incl. the open stage's opening)
+  history: list[_Sampled] = dataclasses.field(default_factory=list)  # harvested stages
+  pending: Optional[_Sampled] = None
+  job: Optional[concurrent.futures.Future] = None
+  done: bool = False
+
+  @property
+  def next_stage(self) -> int:
+    return len(self.history) + (self.pending is not None)
+
+
+class AgentLoop:
+  """Runs staged episodes for the trainer and feeds a `StagedReplay`. See module docstring.
+
+  Args:
+    workflow_factory: `() -> Workflow` (one per batch in flight; they share the sandbox pool).
+    tokenizer: `encode(str) -> list[int]`, `decode(ids) -> str`.
+    replay: the `StagedReplay` to feed.
+    stream: the training `TaskStream`.
+    sample_fn: see `SampleFn`.
+    tasks_per_batch: B.
+    group_size: G.
+    batches_in_flight: K >= 1.
+    max_context: longest row (context + generated tokens) an episode may reach; a stage whose
+      context is longer than `max_context - max_new_tokens` is not sampled (empty output,
+      reward 0, not trained on).
+    max_new_tokens: tokens generated per stage at most (the sampler's setting).
+    stage_rewards: False marks every stage valid for the replay regardless of the workflow's
+      `valid` (outcome-only GRPO: stage rewards unused, every segment gets the outcome).
+    executor: runs sandbox jobs (default: a thread pool of K threads).
+  """
+
+  def __init__(self, *, workflow_factory: Callable[[], workflow_lib.Workflow], tokenizer,
+               replay: replay_lib.StagedReplay, stream: TaskStream, sample_fn: SampleFn,
+               tasks_per_batch: int, group_size: int, batches_in_flight: int,
+               max_context: int, max_new_tokens: int, stage_rewards: bool = True,
+               executor: Optional[concurrent.futures.Executor] = None):
+    for name, v, lo in (("tasks_per_batch", tasks_per_batch, 1), ("group_size", group_size, 1),
+                        ("batches_in_flight", batches_in_flight, 1),
+                        ("max_new_tokens", max_new_tokens, 1)):
+      if v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if max_context <= max_new_tokens:
+      raise ValueError(f"max_context ({max_context}) must exceed max_new_tokens "
+                       f"({max_new_tokens})")
+    if replay.group_size != group_size:
+      raise ValueError(f"replay.group_size ({replay.group_size}) must equal group_size "
+                       f"({group_size})")
+    self._workflow_factory = workflow_factory
+    self.tokenizer = tokenizer
+    self.replay = replay
+    self.stream = stream
+    self.sample_fn = sample_fn
+    self.B, self.G, self.K = int(tasks_per_batch), int(group_size), int(batches_in_flight)
+    self.max_context = int(max_context)
+    self.max_new_tokens = int(max_new_tokens)
+    self.stage_rewards = bool(stage_rewards)
+    self.num_stages = workflow_factory().num_stages
+    if replay.num_stages != self.num_stages:
+      raise ValueError(f"replay.num_stages ({replay.num_stages}) must equal the workflow's "
+                       f"{self.num_stages} stages")
+    self._own_executor = executor is None
+    self._executor = executor or concurrent.futures.ThreadPoolExecutor(
+        max_workers=self.K, thread_name_prefix="agent-loop")
+    self.slots: list[Optional[_Batch]] = [None] * self.K
+    self.cursor = 0
+    self.phase = "harvest"
+    self.rng_counter = 0
+    self.next_batch_id = 0
+    self.next_episode_id = 0
+    self.next_group_id = 0
+    self.counters: collections.Counter = collections.Counter()
+    self._errors: collections.Counter = collections.Counter()
+
+  @property
+  def num_rows(self) -> int:
+    """N = B * G episodes per batch (the sampler's batch)."""
+    return self.B * self.G
+
+  # ------------------------------------------------------------------------------- stepping
+
+  def step(self, params, version: int) -> dict[str, float]:
+    """Does the next action (`self.phase`) on the batch at `self.cursor`; returns metrics.
+
+    `harvest` may block on a sandbox job; `sample` runs the sampler with `params`, recording
+    `version` as the behaviour policy version of the stage.
+    """
+    if self.phase == "harvest":
+      metrics = {}
+      slot = self.slots[self.cursor]
+      if slot is not None and slot.job is not None:
+        metrics = self._harvest(slot)
+      if slot is None or slot.done:
+        self.slots[self.cursor] = self._new_batch()
+      self.phase = "sample"
+      return metrics
+    slot = self.slots[self.cursor]
+    self._sample_and_submit(slot, params, version)
+    self.cursor = (self.cursor + 1) % self.K
+    self.phase = "harvest"
+    return {}
+
+  def _new_batch(self) -> _Batch:
+    positions, tasks = self.stream.take(self.B)
+    return self._start_batch(self.next_batch_id, positions, tasks, None)
+
+  def _start_batch(self, batch_id, positions, tasks, ids) -> _Batch:
+    """Registers a batch's groups (fresh ids unless restoring) and opens its first stage."""
+    if ids is None:
+      group_ids = list(range(self.next_group_id, self.next_group_id + self.B))
+      episode_ids = list(range(self.next_episode_id, self.next_episode_id + self.num_rows))
+      self.next_group_id += self.B
+      self.next_episode_id += self.num_rows
+      self.next_batch_id += 1
+      for b, g in enumerate(group_ids):
+        self.replay.add_group(g, episode_ids[b * self.G:(b + 1) * self.G])
+    else:
+      group_ids, episode_ids = ids
+    wf = self._workflow_factory()
+    episodes = wf.start([t for t in tasks for _ in range(self.G)])
+    openings = wf.open_stage(episodes)
+    context = [list(self.tokenizer.encode(o)) for o in openings]
+    return _Batch(batch_id, list(positions), list(group_ids), list(episode_ids), wf, episodes,
+                  context)
+
+  def _sample_and_submit(self, slot: _Batch, params, version: int) -> None:
+    stage = slot.next_stage
+    sampled = self.sample_contexts(params, slot.context, greedy=False)
+    slot.pending = _Sampled(stage, int(version), *sampled)
+    slot.job = self._submit(slot, slot.pending)
+
+  def sample_contexts(self, params, contexts: Sequence[Sequence[int]], *, greedy: bool,
+                      rng_counter: Optional[int] = None
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Samples one stage for N contexts (N = `num_rows`); too-long contexts get no tokens.
+
+    `rng_counter` selects the sampling key; by default the loop's own counter is advanced
+    (evaluation passes its own, so that it does not shift the training stream).
+
+    Returns:
+      `(gen, logprobs, sampled)`: per row generated ids and behaviour log-probs (ragged), and
+      `[N]` bool, False for rows that were not sampled.
+    """
+    n = len(contexts)
+    if n != self.num_rows:
+      raise ValueError(f"contexts must have {self.num_rows} rows, got {n}")
+    limit = self.max_context - self.max_new_tokens
+    ok = np.array([0 < len(c) <= limit for c in contexts], bool)
+    width = max([len(c) for c, o in zip(contexts, ok) if o] or [1])
+    prompts = np.zeros((n, width), np.int32)
+    lengths = np.ones((n,), np.int32)
+    for i, (c, o) in enumerate(zip(contexts, ok)):
+      if o:
+        prompts[i, :len(c)] = c
+        lengths[i] = len(c)
+    if rng_counter is None:
+      self.rng_counter += 1
+      rng_counter = self.rng_counter
+    tokens, out_len, logprobs = self.sample_fn(params, prompts, lengths, rng_counter, greedy)
+    tokens, out_len, logprobs = np.asarray(tokens), np.asarray(out_len), np.asarray(logprobs)
+    gen, lps = [], []
+    for i in range(n):
+      m = int(out_len[i]) if ok[i] else 0
+      gen.append(tokens[i, :m].astype(np.int32))
+      lps.append(logprobs[i, :m].astype(np.float32))
+    self.counters["skipped_long_contexts"] += int((~ok).sum())
+    return gen, lps, ok
+
+  def _submit(self, slot: _Batch, sampled: _Sampled) -> concurrent.futures.Future:
+    outputs = [self.tokenizer.decode(g.tolist()) for g in sampled.gen]
+    last = sampled.stage == self.num_stages - 1
+    return self._executor.submit(_env_job, slot.workflow, slot.episodes, outputs, last)
+
+  def _harvest(self, slot: _Batch) -> dict[str, float]:
+    """Feeds the finished sandbox job of `slot` to the replay; returns metrics."""
+    sampled = slot.pending
+    k = sampled.stage
+    try:
+      result, follow = slot.job.result()
+    except Exception:  # pylint: disable=broad-except
+      logging.exception("agent loop: sandbox job of batch %d stage %d failed", slot.batch_id, k)
+      self.counters["job_failures"] += 1
+      return self._abandon(slot)
+    slot.job = None
+    slot.pending = None
+    self._errors.update(slot.workflow.pop_error_counts())
+    name = slot.workflow.stage_names[k]
+    rows, masks, blps = [], [], []
+    for i in range(self.num_rows):
+      ctx, gen = slot.context[i], sampled.gen[i]
+      rows.append(np.concatenate([np.asarray(ctx, np.int32), gen]))
+      masks.append(np.concatenate([np.zeros(len(ctx), bool), np.ones(len(gen), bool)]))
+      blps.append(np.concatenate([np.zeros(len(ctx), np.float32), sampled.logprobs[i]]))
+    valid = sampled.sampled & (result.valid if self.stage_rewards else True)
+    self.replay.add_stage(slot.episode_ids, k, rows, masks, blps, sampled.version,
+                          result.rewards, valid)
+    slot.history.append(sampled)
+    metrics = {f"reward/{name}": float(np.mean(result.rewards[result.valid]))
+               if result.valid.any() else 0.0,
+               f"parsed/{name}": float(np.mean(result.parsed)),
+               "generated_tokens": float(sum(len(g) for g in sampled.gen))}
+    if k == self.num_stages - 1:
+      final = follow
+      self.replay.finish(slot.episode_ids, final.rewards)
+      slot.done = True
+      metrics["reward/final"] = float(np.mean(final.rewards))
+      metrics["train/pass_rate"] = float(np.mean(final.rewards >= 1.0))
+      self.counters["episodes"] += self.num_rows
+    else:
+      slot.context = [list(r) + list(self.tokenizer.encode(o)) for r, o in zip(rows, follow)]
+    return metrics
+
+  def _abandon(self, slot: _Batch) -> dict[str, float]:
+    """Reports a failed batch's remaining stages as skipped and its final rewards as 0."""
+    first = len(slot.history)
+    empty = [np.zeros((0,), np.int32)] * self.num_rows
+    for k in range(first, self.num_stages):
+      self.replay.add_stage(slot.episode_ids, k, empty, [np.zeros((0,), bool)] * self.num_rows,
+                            [np.zeros((0,), np.float32)] * self.num_rows, 0,
+                            np.zeros(self.num_rows), np.zeros(self.num_rows, bool))
+    self.replay.finish(slot.episode_ids, np.zeros(self.num_rows))
+    slot.job, slot.pending, slot.done = None, None, True
+    return {"loop/abandoned_batches": 1.0}
+
+  def pop_counts(self) -> dict[str, float]:
+    """Parser/reward/sandbox exceptions (`errors/<stage>`) of harvested stages since the last
+    call."""
+    out = {f"errors/{k}": float(v) for k, v in self._errors.items()}
+    self._errors.clear()
+    return out
+
+  # ------------------------------------------------------------------------------- evaluation
+
+  def run_episodes(self, params, tasks: Sequence[task_lib.Task], *, greedy: bool,
+                   repeats: int = 1, rng_counter: int = -1
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Runs whole episodes synchronously (evaluation; nothing goes to the replay).
+
+    Tasks are repeated `repeats` times and padded to multiples of N rows (the sampler's fixed
+    batch), so no new shapes are compiled. Sampling keys come from `rng_counter`,
+    `rng_counter - 1`, ... (negative by default: disjoint from the training stream).
+
+    Returns:
+      `final [len(tasks), repeats]` final rewards and per-stage rewards
+      `{stage_name: [len(tasks), repeats]}`.
+    """
+    items = [t for t in tasks for _ in range(repeats)]
+    n = self.num_rows
+    finals = np.zeros(len(items), np.float32)
+    stage_r: dict[str, np.ndarray] = {}
+    for start in range(0, len(items), n):
+      chunk = items[start:start + n]
+      real = len(chunk)
+      chunk = chunk + [chunk[-1]] * (n - real)
+      wf = self._workflow_factory()
+      episodes = wf.start(chunk)
+      contexts = [[] for _ in range(n)]
+      for k, name in enumerate(wf.stage_names):
+        openings = wf.open_stage(episodes)
+        contexts = [c + list(self.tokenizer.encode(o)) for c, o in zip(contexts, openings)]
+        gen, _, _ = self.sample_contexts(params, contexts, greedy=greedy,
+                                         rng_counter=rng_counter)
+        rng_counter -= 1
+        result = wf.close_stage(episodes, [self.tokenizer.decode(g.tolist()) for g in gen])
+        contexts = [c + g.tolist() for c, g in zip(contexts, gen)]
+        stage_r.setdefault(name, np.zeros(len(items), np.float32))[start:start + real] = (
+            result.rewards[:real])
+      finals[start:start + real] = wf.finish(episodes).rewards[:real]
+    shape = (len(tasks), repeats)
+    return finals.reshape(shape), {k: v.reshape(shape) for k, v in stage_r.items()}
+
+  # ------------------------------------------------------------------------------- state
+
+  def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """`(arrays, meta)`: in-flight batches as generated tokens, counters, stream position."""
+    gen_all, lp_all, lengths = [], [], []
+    slots_meta = []
+    for slot in self.slots:
+      if slot is None:
+        slots_meta.append(None)
+        continue
+      stages = slot.history + ([slot.pending] if slot.pending is not None else [])
+      for s in stages:
+        for g, lp in zip(s.gen, s.logprobs):
+          gen_all.append(g)
+          lp_all.append(lp)
+          lengths.append(len(g))
+      slots_meta.append({
+          "batch_id": slot.batch_id, "positions": slot.positions, "group_ids": slot.group_ids,
+          "episode_ids": slot.episode_ids, "done": slot.done,
+          "stages": [[s.stage, s.version, s.sampled.tolist()] for s in stages],
+          "pending": slot.pending is not None,
+      })
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
+    arrays = {"gen": cat(gen_all, np.int32), "logprobs": cat(lp_all, np.float32),
+              "lengths": np.asarray(lengths, np.int64)}
+    meta = {"slots": slots_meta, "cursor": self.cursor, "phase": self.phase,
+            "rng_counter": self.rng_counter, "next_batch_id": self.next_batch_id,
+            "next_episode_id": self.next_episode_id, "next_group_id": self.next_group_id,
+            "stream_position": self.stream.position, "counters": dict(self.counters)}
+    return arrays, meta
+
+  def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Restores in-flight batches by replaying the workflow on their recorded outputs.
+
+    The replay's own state must be restored separately (it already holds the harvested
+    stages); a job that was in flight is resubmitted.
+    """
+    lengths = np.asarray(arrays["lengths"], np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    row = [0]
+
+    def take():
+      i = row[0]
+      row[0] += 1
+      sl = slice(int(starts[i]), int(starts[i + 1]))
+      return (np.asarray(arrays["gen"][sl], np.int32),
+              np.asarray(arrays["logprobs"][sl], np.float32))
+
+    self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
+    self.rng_counter = int(meta["rng_counter"])
+    self.next_batch_id = int(meta["next_batch_id"])
+    self.next_episode_id = int(meta["next_episode_id"])
+    self.next_group_id = int(meta["next_group_id"])
+    self.stream.position = int(meta["stream_position"])
+    self.counters = collections.Counter(meta["counters"])
+    self.slots = []
+    for sm in meta["slots"]:
+      if sm is None:
+        self.slots.append(None)
+        continue
+      tasks = self.stream.at(sm["positions"])
+      slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
+                               (sm["group_ids"], sm["episode_ids"]))
+      if sm["done"]:  # Fully harvested: replaced at its next visit, nothing to rebuild.
+        row[0] += self.num_rows * len(sm["stages"])
+        slot.done = True
+        self.slots.append(slot)
+        continue
+      stages = []
+      for stage, version, sampled in sm["stages"]:
+        gens, lps = zip(*[take() for _ in range(self.num_rows)])
+        stages.append(_Sampled(int(stage), int(version), list(gens), list(lps),
+                               np.asarray(sampled, bool)))
+      harvested = stages[:-1] if sm["pending"] else stages
+      for s in harvested:
+        outputs = [self.tokenizer.decode(g.tolist()) for g in s.gen]
+        _, follow = _env_job(slot.workflow, slot.episodes, outputs,
+                             s.stage == self.num_stages - 1)
+        slot.history.append(s)
+        if s.stage < self.num_stages - 1:
+          slot.context = [list(c) + g.tolist() + list(self.tokenizer.encode(o))
+                          for c, g, o in zip(slot.context, s.gen, follow)]
+      slot.workflow.pop_error_counts()
+      if sm["pending"]:
+        slot.pending = stages[-1]
+        slot.job = self._submit(slot, slot.pending)
+      self.slots.append(slot)
+    if len(self.slots) != self.K:
+      raise ValueError(f"state has {len(self.slots)} slots, the loop has {self.K}")
+
+  def close(self) -> None:
+    """Waits for in-flight sandbox jobs and stops the loop's own executor."""
+    if self._own_executor:
+      self._executor.shutdown(wait=True)
+
+
+def _env_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool):
+  """Background sandbox work: close the stage, then open the next one or score the episode."""
+  result = wf.close_stage(episodes, outputs)
+  follow = wf.finish(episodes) if last else wf.open_stage(episodes)
+  return result, follow

@@ -1,0 +1,529 @@
+"""`run(config, workdir)`: supervised warm-start, then Agentic GRPO, with evaluation and resume.
+
+Phases (DESIGN.md §1, §3):
+
+1. **Warm-start** (`warmstart.steps` > 0): token cross-entropy on reference episodes of training
+   tasks (`Workflow.reference_segments`), so that a small model from scratch writes well-formed
+   stages. Its final parameters are also the frozen reference policy of the KL term.
+2. **Agentic GRPO** (`rl.num_steps` learner updates): `agent.loop.AgentLoop` keeps
+   `rl.batches_in_flight` episode batches in flight and feeds `replay.StagedReplay`; the learner
+   updates on provisional items as soon as a group completes a stage (before that batch's next
+   stage is sampled) and on corrections once the final rewards arrive. With stage rewards and
+   corrections off (`experiments/outcome_grpo.py`) the same code is outcome-only GRPO.
+
+Evaluation on a fixed held-out split (`task.eval_split`, `task.eval_size` tasks): greedy pass@1
+(the share of tasks whose final code passes every hidden test) every `eval.every` steps, at the
+end of the warm-start and at the end; sampled pass@k (the unbiased estimator of Chen et al.,
+2021, "Evaluating Large Language Models Trained on Code", from `eval.num_samples` samples per
+task) at the end of the warm-start and at the end.
+
+Outputs in `workdir`: `metrics.jsonl` (one JSON object per logged step: `step` (global: warm-start
+steps then RL steps), `phase` (`warmstart` | `rl`), losses, rewards per stage, clip fraction, KL,
+staleness drops, corrections, errors, tokens/s, seconds, and `eval/...` when evaluated),
+TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints` (everything needed to
+resume exactly: learner state, replay, in-flight episodes, data position), `config.json`, and
+`learning_curve.png` at the end. A run restarted with the same workdir resumes where it stopped.
+"""
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo import checkpointing
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import loop as loop_lib
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.models import sampler as sampler_lib
+from agentic_grpo.models import tokenizers
+from agentic_grpo.models import transformer
+from agentic_grpo.tasks import synthetic
+
+# Unlimited training streams: warm-start tasks start at this index, RL tasks at 0.
+_WARMSTART_OFFSET = 1 << 24
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k from `n` samples of which `c` are correct (Chen et al., 2021, eq. 1).
+
+  `1 - C(n - c, k) / C(n, k)`, computed as a stable product.
+
+  Raises:
+    ValueError: unless `0 <= c <= n` and `1 <= k <= n`.
+  """
+  if not (0 <= c <= n and 1 <= k <= n):
+    raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+  if n - c < k:
+    return 1.0
+  return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+# ------------------------------------------------------------------------------ components
+
+
+@dataclasses.dataclass
+class Components:
+  """Everything a run is built from (exposed for tests and notebooks)."""
+  cfg: config_lib.TrainConfig
+  tokenizer: Any
+  model_config: transformer.ModelConfig
+  graphdef: Any
+  tasks: synthetic.SyntheticTasks
+  eval_tasks: list
+  pool: Any
+  counting_pool: loop_lib.CountingPool
+  workflow_factory: Callable[[], workflow_lib.Workflow]
+  num_stages: int
+  stage_names: tuple
+  shardings: learner.Shardings
+
+
+def build(cfg: config_lib.TrainConfig, *, pool=None,
+          workflow_factory: Optional[Callable[..., workflow_lib.Workflow]] = None) -> Components:
+  """Builds tokenizer, model structure, task source, sandbox pool and workflow factory.
+
+  Args:
+    cfg: the run config.
+    pool: a sandbox pool to use instead of a new `SandboxPool` (tests).
+    workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests).
+  """
+  tok = tokenizers.ByteTokenizer()
+  overrides = cfg.model.overrides()
+  overrides.setdefault("max_seq_len", max(cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens, 512))
+  model_config = transformer.get_model_config(cfg.model.preset, vocab_size=tok.vocab_size,
+                                              **overrides)
+  needed = cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens
+  if model_config.max_seq_len < needed:
+    raise ValueError(f"config.model.max_seq_len must be >= rl.buckets[-1] + "
+                     f"workflow.max_new_tokens = {needed}, got {model_config.max_seq_len}")
+  graphdef, _ = transformer.abstract_model(model_config)
+  tasks = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
+      seed=cfg.task.seed, depths=cfg.task.depths, string_prob=cfg.task.string_prob,
+      ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden))
+  eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(cfg.task.eval_size)]
+  if pool is None:
+    pool = sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
+        cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
+        memory_bytes=cfg.sandbox.memory_mb * 2**20))
+  counting = loop_lib.CountingPool(pool)
+  wf_config = workflow_lib.WorkflowConfig(
+      stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
+      num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards)
+  make = workflow_factory or workflow_lib.Workflow
+  factory = lambda: make(wf_config, counting)
+  probe = factory()
+  return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
+                    probe.num_stages, probe.stage_names, learner.Shardings.replicated())
+
+
+def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
+  """Reference episodes as a warm-start batch `[len(tasks), warmstart.seq_len]`.
+
+  Environment text (openings, observations) is context only; the reference stage outputs are
+  the loss tokens. Episodes longer than `seq_len` are cut.
+  """
+  seq_len = comp.cfg.warmstart.seq_len
+  wf = comp.workflow_factory()
+  tok = comp.tokenizer
+  tokens = np.full((len(tasks), seq_len), tok.pad_id, np.int32)
+  mask = np.zeros((len(tasks), seq_len), bool)
+  for r, task in enumerate(tasks):
+    ids, m = [], []
+    for seg in wf.reference_segments(task):
+      opening, output = tok.encode(seg.opening), tok.encode(seg.output)
+      ids += opening + output
+      m += [False] * len(opening) + [True] * len(output)
+    n = min(len(ids), seq_len)
+    tokens[r, :n] = ids[:n]
+    mask[r, :n] = m[:n]
+  return {"tokens": tokens, "loss_mask": mask}
+
+
+def make_sample_fn(comp: Components, seed: int):
+  """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform."""
+  cfg = comp.cfg
+  tok = comp.tokenizer
+  wf = comp.workflow_factory()
+  stop_ids = [tok.token_id(s) for s in wf.stop_tokens()]
+  base = jax.random.key(seed)
+
+  def sample_fn(params, prompts, lengths, counter, greedy):
+    key = jax.random.fold_in(base, np.uint32(counter % (1 << 32)))
+    out = sampler_lib.sample(
+        comp.graphdef, params, prompts, lengths, key, max_new_tokens=cfg.workflow.max_new_tokens,
+        temperature=cfg.rl.temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
+        stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=cfg.rl.buckets)
+    return jax.device_get((out.tokens, out.lengths, out.logprobs))
+
+  return sample_fn
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+class MetricsWriter:
+  """`metrics.jsonl`, TensorBoard events and the console progress bar.
+
+  On resume, lines of `metrics.jsonl` beyond the restored step (written after the last
+  checkpoint by the stopped run) are dropped so that the file stays one consistent history.
+  """
+
+  def __init__(self, workdir: str, cfg: config_lib.TrainConfig, total_steps: int,
+               resume_step: int):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.history: list[dict[str, Any]] = []
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        for line in f:
+          if line.strip():
+            row = json.loads(line)
+            if row.get("step", 0) <= resume_step:
+              self.history.append(row)
+    with open(self.path, "w") as f:
+      for row in self.history:
+        f.write(json.dumps(row) + "\n")
+    self._file = open(self.path, "a")
+    self._tb = None
+    if cfg.log.tensorboard and jax.process_index() == 0:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+    self._bar = None
+    if cfg.log.progress_bar:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
+                            dynamic_ncols=True, desc="train")
+    self.pass1 = next((r["eval/pass@1"] for r in reversed(self.history)
+                       if "eval/pass@1" in r), None)
+
+  def write(self, row: dict[str, Any]) -> None:
+    row = {k: (float(v) if isinstance(v, (np.ndarray, np.generic, jax.Array)) else v)
+           for k, v in row.items()}
+    self.history.append(row)
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in row.items():
+        if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+          self._tb.add_scalar(k, v, row["step"])
+    if "eval/pass@1" in row:
+      self.pass1 = row["eval/pass@1"]
+
+  def progress(self, step: int, phase: str, loss: Optional[float] = None) -> None:
+    if self._bar is None:
+      return
+    self._bar.n = step
+    post = {"phase": phase}
+    if loss is not None:
+      post["loss"] = f"{loss:.3f}"
+    if self.pass1 is not None:
+      post["pass@1"] = f"{self.pass1:.3f}"
+    self._bar.set_postfix(post, refresh=False)
+    self._bar.refresh()
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._bar is not None:
+      self._bar.close()
+
+
+def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
+  """Held-out pass@1 and training rewards against the global step, as a PNG."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  ev = [r for r in history if "eval/pass@1" in r]
+  if ev:
+    ax1.plot([r["step"] for r in ev], [r["eval/pass@1"] for r in ev], "o-",
+             label="greedy pass@1 (held-out)")
+    ax1.plot([r["step"] for r in ev], [r["eval/hidden_frac"] for r in ev], "s--",
+             label="hidden tests passed (fraction)")
+  ws = [r["step"] for r in history if r.get("phase") == "warmstart"]
+  if ws:
+    ax1.axvline(max(ws), color="gray", lw=0.8, ls=":", label="end of warm-start")
+  ax1.set_xlabel("step")
+  ax1.set_ylim(0, 1)
+  ax1.legend(loc="lower right")
+  ax1.set_title("held-out evaluation")
+  rl = [r for r in history if r.get("phase") == "rl" and "reward/final" in r]
+  if rl:
+    ax2.plot([r["step"] for r in rl], [r["reward/final"] for r in rl], label="final reward")
+    for key in sorted({k for r in rl for k in r if k.startswith("reward/") and k != "reward/final"}):
+      pts = [(r["step"], r[key]) for r in rl if key in r]
+      ax2.plot(*zip(*pts), alpha=0.6, label=key.split("/", 1)[1])
+  ax2.set_xlabel("step")
+  ax2.set_title("training rewards")
+  ax2.legend(loc="lower right", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bool
+             ) -> dict[str, float]:
+  """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k."""
+  cfg = comp.cfg
+  t0 = time.time()
+  final, stages = agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1)
+  out = {"eval/pass@1": float(np.mean(final[:, 0] >= 1.0)),
+         "eval/hidden_frac": float(np.mean(final[:, 0]))}
+  for name, r in stages.items():
+    out[f"eval/reward/{name}"] = float(np.mean(r))
+  n = cfg.eval.num_samples
+  if sampled and n > 0:
+    final_s, _ = agent.run_episodes(params, comp.eval_tasks, greedy=False, repeats=n,
+                                    rng_counter=-(1 << 20))
+    correct = (final_s >= 1.0).sum(axis=1)
+    for k in cfg.eval.k:
+      out[f"eval/pass@{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
+  out["eval/seconds"] = time.time() - t0
+  return out
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@functools.lru_cache(maxsize=4)
+def _init_fn(model_config: transformer.ModelConfig, sharding):
+  """Jitted parameter initialiser (cached: later runs in the process reuse the compilation)."""
+  return jax.jit(lambda k: transformer.init_params(model_config, k), out_shardings=sharding)
+
+
+def _mean_rows(rows: list[dict[str, float]]) -> dict[str, float]:
+  acc = collections.defaultdict(list)
+  for r in rows:
+    for k, v in r.items():
+      acc[k].append(v)
+  return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def run(config, workdir: str, *, pool=None, workflow_factory=None,
+        stop_after: Optional[int] = None) -> dict[str, Any]:
+  """Trains (or resumes) a run in `workdir`; returns the last evaluation and run facts.
+
+  Args:
+    config: a `TrainConfig` or a `ConfigDict` (validated by `config.from_config_dict`).
+    workdir: output directory; an existing checkpoint there is resumed.
+    pool: sandbox pool to use (default: a new `SandboxPool` from `config.sandbox`).
+    workflow_factory: `(WorkflowConfig, pool) -> Workflow` (tests inject faults with it).
+    stop_after: stop (after checkpointing) once this global step is reached, as if the
+      process had been stopped there (tests of resume).
+
+  Raises:
+    ValueError: an invalid config (naming the field).
+  """
+  cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
+      config)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(config_lib.to_dict(cfg), f, indent=1)
+  own_pool = pool is None
+  comp = build(cfg, pool=pool, workflow_factory=workflow_factory)
+  try:
+    return _run(comp, workdir, stop_after)
+  finally:
+    if own_pool:
+      comp.pool.close()
+
+
+def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str, Any]:
+  cfg = comp.cfg
+  sh = comp.shardings
+  ws_steps, rl_steps = cfg.warmstart.steps, cfg.rl.num_steps
+  total = ws_steps + rl_steps
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    max_to_keep=cfg.checkpoint.max_to_keep)
+  ws_opt = learner.make_optimizer(cfg.optim, learning_rate=cfg.warmstart.learning_rate,
+                                  warmup_steps=cfg.warmstart.warmup_steps)
+  rl_opt = learner.make_optimizer(cfg.optim)
+  params0 = _init_fn(comp.model_config, sh.state)(jax.random.key(cfg.seed))
+  use_kl = cfg.loss.kl_beta > 0
+
+  replay = replay_lib.StagedReplay(
+      group_size=cfg.rl.group_size, num_stages=comp.num_stages,
+      stage_rewards=cfg.workflow.stage_rewards, correction=cfg.correction.enabled,
+      target_mode=cfg.correction.target, gamma=cfg.correction.gamma, beta=cfg.correction.beta,
+      scale=cfg.correction.scale, max_staleness=cfg.correction.max_staleness,
+      staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
+      when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
+      pack_corrections=cfg.replay.pack_corrections)
+  get_train = lambda i: comp.tasks.task("train", i)
+  rl_stream = loop_lib.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed)
+  ws_stream = loop_lib.TaskStream(
+      (lambda i: get_train(i + _WARMSTART_OFFSET)) if not cfg.task.train_size else get_train,
+      pool_size=cfg.task.train_size, seed=cfg.seed + 1)
+  agent = loop_lib.AgentLoop(
+      workflow_factory=comp.workflow_factory, tokenizer=comp.tokenizer, replay=replay,
+      stream=rl_stream, sample_fn=make_sample_fn(comp, cfg.seed),
+      tasks_per_batch=cfg.rl.tasks_per_batch, group_size=cfg.rl.group_size,
+      batches_in_flight=cfg.rl.batches_in_flight, max_context=cfg.rl.buckets[-1],
+      max_new_tokens=cfg.workflow.max_new_tokens, stage_rewards=cfg.workflow.stage_rewards)
+
+  # ---- state: fresh or restored
+  phase, step = "warmstart", 0  # step: global step (warm-start steps, then RL updates)
+  ref_params = None
+  state = jax.device_put(learner.init_state(params0, ws_opt if ws_steps else rl_opt, cfg.seed),
+                         sh.state)
+  counters: collections.Counter = collections.Counter()
+  if ckpt.latest_step() is not None:
+    abstract = {"state": state, "ref": params0} if use_kl else {"state": state}
+    restored, host, meta = ckpt.restore(None, abstract)
+    state = jax.device_put(restored["state"], sh.state)
+    if use_kl:
+      ref_params = jax.device_put(restored["ref"], sh.ref_params)
+    phase, step = meta["phase"], int(meta["step"])
+    counters = collections.Counter(meta["counters"])
+    if phase == "rl":
+      replay.load_state_dict(host["replay"], meta["replay"])
+      agent.load_state_dict(host["loop"], meta["loop"])
+    logging.info("resumed %s at global step %d", phase, step)
+  metrics = MetricsWriter(workdir, cfg, total, step)
+
+  def save():
+    tree = {"state": state, "ref": ref_params} if use_kl else {"state": state}
+    host, meta = {}, {"phase": phase, "step": step, "counters": dict(counters)}
+    if phase == "rl":
+      host["replay"], meta["replay"] = replay.state_dict()
+      host["loop"], meta["loop"] = agent.state_dict()
+      meta["data_position"] = rl_stream.position
+    ckpt.save(step, tree, host, meta)
+
+  def maybe_checkpoint(force=False):
+    every = cfg.checkpoint.every
+    if force or (every and step % every == 0):
+      if ckpt.latest_step() != step:
+        save()
+
+  def stopping() -> bool:
+    return stop_after is not None and step >= stop_after
+
+  last_eval: dict[str, Any] = {}
+  t_start = time.time()
+  try:
+    # ---- phase 1: warm-start
+    if phase == "warmstart" and ws_steps:
+      sft_step = learner.make_sft_step(comp.graphdef, cfg, ws_opt, shardings=sh)
+      bs = cfg.warmstart.batch_size
+      while step < ws_steps and not stopping():
+        t0 = time.time()
+        ws_stream.position = step * bs
+        _, tasks = ws_stream.take(bs)
+        batch = jax.device_put(learner.to_device_batch(sft_batch(comp, tasks), learner.SFT_KEYS),
+                               sh.batch)
+        state, m = sft_step(state, batch)
+        step += 1
+        m = jax.device_get(m)
+        if step % cfg.log.every == 0 or step == ws_steps:
+          dt = time.time() - t0
+          row = {"step": step, "phase": "warmstart", "seconds": time.time() - t_start,
+                 "warmstart/loss": m["loss"], "warmstart/token_accuracy": m["token_accuracy"],
+                 "grad_norm": m["grad_norm"], "update_skipped": m["update_skipped"],
+                 "tokens_per_s": float(batch["loss_mask"].size) / max(dt, 1e-9)}
+          if step == ws_steps:
+            last_eval = evaluate(comp, agent, state.params, sampled=True)
+            row.update(last_eval)
+          metrics.write(row)
+        metrics.progress(step, "warmstart", float(m["loss"]))
+        maybe_checkpoint()
+    elif phase == "warmstart" and not stopping():
+      last_eval = evaluate(comp, agent, state.params, sampled=True)
+      metrics.write(dict(step=step, phase="warmstart", seconds=time.time() - t_start,
+                         **last_eval))
+
+    # ---- phase 2: Agentic GRPO
+    if phase == "warmstart" and step >= ws_steps and not stopping():
+      phase = "rl"
+      params = state.params
+      if use_kl:
+        ref_params = jax.device_put(jax.tree.map(jnp.copy, params), sh.ref_params)
+      state = jax.device_put(learner.init_state(params, rl_opt, cfg.seed + 1), sh.state)
+    if phase == "rl":
+      update = learner.make_update_step(comp.graphdef, cfg, rl_opt, shardings=sh)
+      rows = cfg.rl.rows_per_update
+      pending_rows: list[dict[str, float]] = []
+      log_state = {"t": time.time(), "tokens": 0, "logged": -1}
+
+      def log_rl(final: bool):
+        nonlocal last_eval
+        now = time.time()
+        row = {"step": step, "phase": "rl", "seconds": now - t_start,
+               "tokens_per_s": log_state["tokens"] / max(now - log_state["t"], 1e-9)}
+        row.update(_mean_rows(pending_rows))
+        for k in ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
+                  "sign_reversals", "evicted_segments", "provisional_items", "correction_items"):
+          row[f"replay/total_{k}"] = float(replay.counters.get(k, 0))
+        counters.update(comp.counting_pool.pop_counts())
+        counters.update(agent.pop_counts())
+        row.update({f"counts/{k}": float(v) for k, v in counters.items()})
+        row.update({f"loop/{k}": float(v) for k, v in agent.counters.items()})
+        row["loop/data_position"] = float(rl_stream.position)
+        row["loop/epoch"] = float(rl_stream.epoch())
+        if final or (cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0):
+          last_eval = evaluate(comp, agent, state.params, sampled=final)
+          row.update(last_eval)
+        metrics.write(row)
+        pending_rows.clear()
+        log_state.update(t=time.time(), tokens=0, logged=step)
+
+      idle_batches = 0
+      while step < total and not stopping():
+        version = step - ws_steps
+        flush = agent.phase == "sample" and replay.num_ready > 0
+        if replay.num_ready >= rows or flush:
+          batch = replay.take(rows, version, cfg.rl.buckets)
+          if batch is None:
+            continue
+          state, m = update(state, jax.device_put(learner.to_device_batch(batch), sh.batch),
+                            ref_params)
+          step += 1
+          idle_batches = 0
+          m = {f"loss/{k}": float(v) for k, v in jax.device_get(m).items()}
+          m.update({f"replay/{k}": float(v) for k, v in batch.stats.items()})
+          log_state["tokens"] += int(batch.loss_mask.size)
+          pending_rows.append(m)
+          if step % cfg.log.every == 0 and step < total:
+            log_rl(final=False)
+          metrics.progress(step, "rl", m["loss/loss"])
+          if step < total:
+            maybe_checkpoint()
+          continue
+        harvested = agent.step(state.params, version)
+        if harvested:
+          pending_rows.append(harvested)
+          if "reward/final" in harvested:
+            idle_batches += 1
+            if cfg.rl.max_idle_batches and idle_batches >= cfg.rl.max_idle_batches:
+              logging.warning("%d episode batches in a row gave no learning signal (all "
+                              "advantages 0); ending the RL phase at step %d", idle_batches, step)
+              counters["rl_ended_without_signal"] += 1
+              break
+      if not stopping():
+        log_rl(final=True)
+    maybe_checkpoint(force=True)
+  finally:
+    metrics.close()
+    agent.close()
+  if cfg.log.plot and not stopping():
+    plot_learning_curve(metrics.history, os.path.join(workdir, "learning_curve.png"))
+  warm = next((r for r in metrics.history if r.get("phase") == "warmstart"
+               and "eval/pass@1" in r), {})
+  return {"step": step, "phase": phase, "seconds": time.time() - t_start,
+          "warmstart_pass@1": warm.get("eval/pass@1"),
+          "final_pass@1": metrics.pass1, "last_eval": last_eval, "state": state}

@@ -1,0 +1,57 @@
+r"""Trains a coding agent with Agentic GRPO.
+
+With no flags it runs the embedded default (`experiments/tiny_codegen.py`) into a fresh workdir
+under `workdirs/` and prints where:
+
+  python -m launch.train
+  python -m launch.train --config=experiments/outcome_grpo.py --workdir=/tmp/baseline
+  python -m launch.train --config.rl.group_size=4 --config.rl.num_steps=20
+
+Restarting with the same `--workdir` resumes from its latest checkpoint.
+"""
+
+import datetime
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from agentic_grpo import train
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "experiments", "tiny_codegen.py")
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Experiment config file (a `get_config()` module).",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Output directory; resumed if it holds a checkpoint. Default: a fresh "
+    "directory workdirs/<config>-<time>.")
+_STOP_AFTER = flags.DEFINE_integer(
+    "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
+
+
+def _fresh_workdir(config_path: str) -> str:
+  name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  return os.path.join("workdirs", f"{name}-{stamp}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
+      flags.FLAGS["config"]))
+  print(f"workdir: {os.path.abspath(workdir)}", flush=True)
+  logging.info("config:\n%s", _CONFIG.value)
+  result = train.run(_CONFIG.value, workdir, stop_after=_STOP_AFTER.value)
+  print(f"done: global step {result['step']} in {result['seconds']:.0f} s; "
+        f"held-out greedy pass@1: warm-start {result['warmstart_pass@1']}, "
+        f"final {result['final_pass@1']}", flush=True)
+  print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,225 @@
+"""Tests for agentic_grpo.agent.loop, with a scripted sampler (no model, real sandbox)."""
+
+import collections
+from unittest import mock
+
+from absl.testing import absltest
+import numpy as np
+
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import loop as loop_lib
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.models import tokenizers
+from agentic_grpo.tasks import synthetic
+
+B, G = 2, 4
+TOK = tokenizers.ByteTokenizer()
+TASKS = synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=3, depths=(1,)))
+# Code that never returns: the sandbox must time it out.
+HANG = "next(v for v in iter(int,1) if v)"
+
+
+class ScriptedSampler:
+  """Emits the reference output of the current stage for even rows and junk for odd rows.
+
+  The task is found from the prompt text, the stage from the number of closing delimiters
+  already in the context. `hang_code=True` makes odd rows write code that never returns.
+  """
+
+  def __init__(self, hang_code=False):
+    self.hang_code = hang_code
+    self.calls = 0
+    self.emitted = []  # per call: list of generated id arrays
+    self.wf = workflow_lib.Workflow(workflow_lib.WorkflowConfig())
+    self.closes = {TOK.token_id(s.close_token) for s in self.wf.stages}
+
+  def _task(self, text):
+    return self.tasks_by_prompt[next(p for p in self.tasks_by_prompt if text.startswith(p))]
+
+  def __call__(self, params, prompts, lengths, rng_counter, greedy):
+    del params, greedy
+    self.calls += 1
+    n = prompts.shape[0]
+    width = 12
+    out = np.full((n, 64), TOK.pad_id, np.int32)
+    out_len = np.zeros((n,), np.int32)
+    lps = np.zeros((n, 64), np.float32)
+    emitted = []
+    for i in range(n):
+      ctx = prompts[i, :lengths[i]].tolist()
+      text = TOK.decode(ctx)
+      task = self._task(text)
+      k = sum(t in self.closes for t in ctx)
+      stage = self.wf.stages[k]
+      if i % 2 == 0:
+        body = self.wf.reference_outputs(task)[k]
+      elif self.hang_code and stage.kind == "code":
+        body = HANG + stage.close_token
+      else:
+        body = "?" * (1 + (rng_counter + i) % width) + stage.close_token
+      ids = TOK.encode(body)
+      out[i, :len(ids)] = ids
+      out_len[i] = len(ids)
+      lps[i, :len(ids)] = -0.25 - 0.01 * np.arange(len(ids))
+      emitted.append(np.array(ids, np.int32))
+    self.emitted.append(emitted)
+    return out, out_len, lps
+
+
+class LoopTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits(
+        cpu_seconds=1.0, wall_seconds=0.5))
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
+            in_flight=2):
+    counting = loop_lib.CountingPool(self.pool)
+    factory = lambda: workflow_cls(workflow_lib.WorkflowConfig(score_stages=stage_rewards),
+                                   counting)
+    num_stages = factory().num_stages
+    replay = replay_lib.StagedReplay(group_size=G, num_stages=num_stages,
+                                     stage_rewards=stage_rewards, skip_zero_advantage=False)
+    stream = loop_lib.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1)
+    sampler.tasks_by_prompt = {TASKS.task("train", i).prompt: TASKS.task("train", i)
+                               for i in range(5)}
+    agent = loop_lib.AgentLoop(
+        workflow_factory=factory, tokenizer=TOK, replay=replay, stream=stream,
+        sample_fn=sampler, tasks_per_batch=B, group_size=G, batches_in_flight=in_flight,
+        max_context=384, max_new_tokens=64, stage_rewards=stage_rewards)
+    self.addCleanup(agent.close)
+    return agent, replay, counting
+
+  def test_task_stream_epochs(self):
+    stream = loop_lib.TaskStream(lambda i: i, pool_size=4, seed=0)
+    first = stream.take(4)[1]
+    second = stream.take(4)[1]
+    self.assertEqual(sorted(first), [0, 1, 2, 3])
+    self.assertEqual(sorted(second), [0, 1, 2, 3])
+    self.assertEqual(stream.epoch(), 2)
+    again = loop_lib.TaskStream(lambda i: i, pool_size=4, seed=0)
+    again.position = 4  # Resuming exactly at an epoch boundary.
+    self.assertEqual(again.take(4)[1], second)
+    self.assertEqual(again.at([1, 6]), [first[1], second[2]])
+    unlimited = loop_lib.TaskStream(lambda i: i * 10)
+    self.assertEqual(unlimited.take(3), ([0, 1, 2], [0, 10, 20]))
+
+  def test_stages_feed_replay_tokens_in_tokens_out(self):
+    sampler = ScriptedSampler()
+    agent, replay, _ = self._loop(sampler, in_flight=1)
+    self.assertEqual(agent.phase, "harvest")
+    agent.step(None, 0)  # Starts a batch.
+    agent.step(None, 0)  # Samples stage 0.
+    self.assertEqual(replay.num_ready, 0)  # Not scored yet: nothing is ready.
+    metrics = agent.step(None, 0)  # Harvests stage 0.
+    self.assertEqual(metrics["reward/hypothesis"], 0.5)  # Even rows are right.
+    self.assertEqual(replay.num_ready, B * G)  # One provisional row per member.
+    batch = replay.take(B * G, 0, (384,))
+    self.assertEqual(batch.kinds, ["provisional"] * (B * G))
+    for r in range(B * G):
+      gen = sampler.emitted[0][r]
+      row = batch.tokens[r][:batch.loss_mask[r].nonzero()[0][-1] + 1]
+      # The row ends with exactly the generated ids, which are the loss tokens.
+      np.testing.assert_array_equal(row[-len(gen):], gen)
+      self.assertEqual(int(batch.loss_mask[r].sum()), len(gen))
+      np.testing.assert_allclose(batch.behaviour_logprobs[r][batch.loss_mask[r]],
+                                 -0.25 - 0.01 * np.arange(len(gen)), rtol=1e-6)
+    # Run the batch to its end: the final rewards produce correction rows.
+    for _ in range(2 * (agent.num_stages - 1)):
+      metrics = agent.step(None, 1)
+    self.assertIn("reward/final", metrics)
+    self.assertEqual(metrics["reward/final"], 0.5)  # Even rows wrote the reference code.
+    kinds = collections.Counter()
+    while (b := replay.take(64, 1, (384,))) is not None:
+      kinds.update(b.kinds)
+    self.assertEqual(kinds["correction"], B * G)  # One packed row per episode.
+    self.assertEqual(agent.counters["episodes"], B * G)
+    self.assertEqual(replay.num_pending_episodes, B * G)  # Only the next batch's.
+
+  def test_resume_matches_uninterrupted(self):
+    def run(agent, replay, steps, version0=0):
+      taken = []
+      for i in range(steps):
+        agent.step(None, version0 + i // 2)
+        b = replay.take(64, version0 + i // 2, (384,))
+        if b is not None:
+          taken.append((b.tokens.copy(), b.advantages.copy()))
+      return taken
+
+    a_loop, a_replay, _ = self._loop(ScriptedSampler())
+    run(a_loop, a_replay, 7)  # Stops mid-episode, with a sandbox job in flight.
+    arrays, meta = a_loop.state_dict()
+    r_arrays, r_meta = a_replay.state_dict()
+    b_loop, b_replay, _ = self._loop(ScriptedSampler())
+    b_replay.load_state_dict(r_arrays, r_meta)
+    b_loop.load_state_dict(arrays, meta)
+    # The scripted sampler is a pure function of its inputs and the RNG counter.
+    rest_a = run(a_loop, a_replay, 12, 10)
+    rest_b = run(b_loop, b_replay, 12, 10)
+    self.assertLen(rest_b, len(rest_a))
+    self.assertNotEmpty(rest_a)
+    for (ta, aa), (tb, ab) in zip(rest_a, rest_b):
+      np.testing.assert_array_equal(ta, tb)
+      np.testing.assert_array_equal(aa, ab)
+    sa, sb = a_replay.state_dict(), b_replay.state_dict()
+    self.assertEqual(sa[1], sb[1])
+    for k in sa[0]:
+      np.testing.assert_array_equal(sa[0][k], sb[0][k])
+    self.assertEqual(a_loop.state_dict()[1]["stream_position"],
+                     b_loop.state_dict()[1]["stream_position"])
+
+  def test_raising_parser_and_timeouts_are_counted_not_fatal(self):
+    real_parse = workflow_lib.TestsStage.parse
+
+    def flaky_parse(self, body, episode):
+      if body.startswith("?"):
+        raise RuntimeError("parser bug")
+      return real_parse(self, body, episode)
+
+    self.enter_context(mock.patch.object(workflow_lib.TestsStage, "parse", flaky_parse))
+    agent, replay, counting = self._loop(ScriptedSampler(hang_code=True), in_flight=1)
+    metrics = {}
+    for _ in range(2 * agent.num_stages + 1):
+      metrics.update(agent.step(None, 0))
+    self.assertIn("reward/final", metrics)
+    counts = agent.pop_counts()
+    self.assertEqual(counts["errors/tests"], B * G // 2)  # Odd rows raised in the parser.
+    verdicts = counting.pop_counts()
+    self.assertGreaterEqual(verdicts["timeout"], B * G // 2)  # Odd rows' code hangs.
+    self.assertEqual(metrics["reward/final"], 0.5)
+    self.assertEqual(agent.counters["episodes"], B * G)
+
+  def test_failed_sandbox_job_abandons_batch_and_continues(self):
+    calls = collections.Counter()
+    real_open = workflow_lib.Workflow.open_stage
+
+    def failing_open(self, episodes):
+      calls["open"] += 1
+      if calls["open"] == 2:  # In the first batch's first sandbox job.
+        raise RuntimeError("sandbox machinery broke")
+      return real_open(self, episodes)
+
+    self.enter_context(mock.patch.object(workflow_lib.Workflow, "open_stage", failing_open))
+    agent, replay, _ = self._loop(ScriptedSampler(), in_flight=1)
+    metrics = {}
+    for _ in range(4):
+      metrics.update(agent.step(None, 0))
+    self.assertEqual(metrics.get("loop/abandoned_batches"), 1.0)
+    self.assertEqual(agent.counters["job_failures"], 1)
+    self.assertEqual(replay.num_pending_episodes, B * G)  # Only the new batch is pending.
+    # The loop goes on with a new batch.
+    for _ in range(2 * agent.num_stages):
+      metrics.update(agent.step(None, 0))
+    self.assertIn("reward/final", metrics)
+
+
+if __name__ == "__main__":
+  absltest.main()
