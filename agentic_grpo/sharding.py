@@ -51,11 +51,13 @@ from typing import Any, Callable, Optional, Union
 from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
 
+from agentic_grpo import learner
 from agentic_grpo.models import transformer
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -501,6 +503,58 @@ def batch_devices(mesh: jax.sharding.Mesh, rules: Optional[Rules] = None) -> int
   return _batch_devices(mesh, rules)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TreeShardings(learner.Shardings):
+  """`learner.Shardings` holding sharding *trees*, hashable by value.
+
+  The learner caches its jitted steps on the shardings; `nnx.State` and
+  `TrainState` trees are not hashable, so equality and hash here compare the
+  flattened tree structure and its `NamedSharding` leaves.
+  """
+
+  def _key(self):
+    leaves, treedef = jax.tree.flatten((self.state, self.batch, self.ref_params))
+    return str(treedef), tuple(leaves)
+
+  def __hash__(self):
+    return hash(self._key())
+
+  def __eq__(self, other):
+    return isinstance(other, TreeShardings) and self._key() == other._key()
+
+
+def learner_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.Mesh,
+                      optimizer: Any, rules: Optional[Rules] = None, *,
+                      with_reference: bool = True
+                      ) -> tuple[ShardedModel, learner.Shardings]:
+  """The learner's jit shardings on `mesh`, from `jax.eval_shape` of its state.
+
+  Args:
+    model_config: the model shape.
+    mesh: from `make_mesh`.
+    optimizer: the learner's optax transformation (`learner.make_optimizer`);
+      any optimizer with the same state structure shares these shardings.
+    rules: logical axis rules; default `DEFAULT_RULES`.
+    with_reference: the step takes reference parameters (KL term on); when
+      False the step's `ref_params` argument may be None.
+
+  Returns:
+    `(sharded_model, TreeShardings)` (a hashable `learner.Shardings`):
+    `TrainState` parameters and
+    parameter-shaped optimizer moments sharded by the rules, counters and
+    PRNG key replicated; batches row-sharded (`row_sharding`); reference
+    parameters like the parameters (or a replicated prefix that also fits
+    None, without reference).
+  """
+  sm = shard_model(model_config, mesh, rules)
+  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
+  abstract_state = jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain)
+  return sm, TreeShardings(state=tree_shardings_like(abstract_state, sm),
+                           batch=row_sharding(mesh, sm.rules),
+                           ref_params=(sm.param_shardings if with_reference
+                                       else NamedSharding(mesh, P())))
+
+
 # ---------------------------------------------------------------- batches and caches
 
 
@@ -745,6 +799,19 @@ def process_slice(n: int, process_index: Optional[int] = None,
   base, extra = divmod(n, c)
   start = p * base + min(p, extra)
   return slice(start, start + base + (p < extra))
+
+
+def fetch(tree: Any) -> Any:
+  """Host (NumPy) copy of a pytree of global arrays, on every process.
+
+  Arrays that span other processes' devices are gathered
+  (`multihost_utils.process_allgather`); others are `jax.device_get`.
+  """
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+  return jax.tree.map(get, tree)
 
 
 def is_primary() -> bool:

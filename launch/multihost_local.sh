@@ -17,7 +17,8 @@
 #
 # Environment: PYTHON (default .venv/bin/python), TRAIN_MODULE (default launch.train).
 # Exit status: 0 when every process exits 0; otherwise the first non-zero status (124 on
-# timeout). When one process fails, the others are stopped. Ctrl-C stops all of them.
+# timeout, 137 when a process had to be killed: JAX catches SIGTERM). When one process fails,
+# the others are stopped. Ctrl-C stops all of them.
 set -euo pipefail
 
 NUM_PROCESSES=2
@@ -28,7 +29,7 @@ LOG_DIR=""
 PYTHON="${PYTHON:-}"
 MODULE="${TRAIN_MODULE:-launch.train}"  # the Python module every process runs
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while getopts "n:d:p:t:l:h" opt; do
   case "$opt" in

@@ -125,11 +125,13 @@ class ShardedTrainingTest(parameterized.TestCase):
     cfg = _cfg()
     tx = learner.make_optimizer(cfg.optim)
 
-    state = learner.init_state(params, tx, 0)
-    state_sh = sharding.tree_shardings_like(state, sm)
-    state = jax.device_put(state, state_sh)
-    shardings = learner.Shardings(state=state_sh, batch=sharding.row_sharding(mesh),
-                                  ref_params=sm.param_shardings)
+    sm2, shardings = sharding.learner_shardings(_CONFIG, mesh, tx)
+    self.assertEqual(sm2.param_shardings, sm.param_shardings)
+    self.assertEqual(shardings.ref_params, sm.param_shardings)
+    self.assertEqual(shardings.batch.spec, jax.sharding.PartitionSpec(("data", "fsdp")))
+    # Hashable by value (the learner caches its steps on the shardings).
+    self.assertEqual(hash(shardings), hash(sharding.learner_shardings(_CONFIG, mesh, tx)[1]))
+    state = jax.device_put(learner.init_state(params, tx, 0), shardings.state)
     step = learner.make_update_step(graphdef, cfg, tx, shardings=shardings)
     ref = sharding.device_put_params(ref_params, sm)
     batch = sharding.shard_batch(learner.to_device_batch(_batch()), mesh)

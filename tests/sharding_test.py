@@ -294,6 +294,14 @@ class BatchTest(absltest.TestCase):
     self.assertEqual(sharding.batch_devices(mesh), 8)
     self.assertEqual(sharding.row_sharding(mesh).spec, P(("data", "fsdp")))
 
+  def test_fetch_returns_host_arrays(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    x = sharding.shard_batch({"x": np.arange(24.0).reshape(8, 3)}, mesh)["x"]
+    got = sharding.fetch({"x": x, "n": jnp.int32(3)})
+    self.assertIsInstance(got["x"], np.ndarray)
+    np.testing.assert_array_equal(got["x"], np.arange(24.0).reshape(8, 3))
+    self.assertEqual(int(got["n"]), 3)
+
   def test_logprobs_reject_rows_not_divisible(self):
     _, ref_params, (tokens, positions, mask), _ = _reference()
     mesh = sharding.make_mesh((8, 1, 1))
