@@ -195,10 +195,12 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   n, p = prompts.shape
   t_max = max_new_tokens
   seq_len = stop_seqs.shape[-1]
-  cache = transformer.init_cache(config, n, p + t_max)
+  # Prefill attends over the P prompt slots only; decoding uses P + T slots.
+  cache = transformer.init_cache(config, n, p)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
   prompt_mask = positions < prompt_lengths[:, None]
   logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask)
+  cache = transformer.extend_cache(cache, t_max)
   last = logits[jnp.arange(n), prompt_lengths - 1]
   row_keys = jax.random.split(rng, n)
   seq_real = stop_seqs >= 0

@@ -181,8 +181,8 @@ class KVCache(NamedTuple):
   """Key/value cache of all layers.
 
   Attributes:
-    k: per layer `[N, S, n_kv_heads, head_dim]` keys (rotary applied).
-    v: per layer `[N, S, n_kv_heads, head_dim]` values.
+    k: per layer `[N, n_kv_heads, S, head_dim]` keys (rotary applied).
+    v: per layer `[N, n_kv_heads, S, head_dim]` values.
     valid: `[N, S]` bool, slots holding a real token.
     index: int32 scalar, next slot to write (same for all rows).
   """
@@ -196,11 +196,25 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   """An empty cache for `batch_size` rows and `max_len` slots (config dtype)."""
   if batch_size <= 0 or max_len <= 0:
     raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
-  shape = (batch_size, max_len, config.n_kv_heads, config.head_dim)
+  shape = (batch_size, config.n_kv_heads, max_len, config.head_dim)
   zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
   zeros_v = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
   return KVCache(k=zeros, v=zeros_v, valid=jnp.zeros((batch_size, max_len), jnp.bool_),
                  index=jnp.zeros((), jnp.int32))
+
+
+def extend_cache(cache: KVCache, extra: int) -> KVCache:
+  """The same cache with `extra` empty slots appended (one copy of the cache).
+
+  Lets a prefill attend over exactly the prompt slots and decoding continue in
+  a longer cache.
+  """
+  if extra < 0:
+    raise ValueError(f"extra must be >= 0, got {extra}")
+  pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+  return KVCache(k=tuple(jnp.pad(x, pad) for x in cache.k),
+                 v=tuple(jnp.pad(x, pad) for x in cache.v),
+                 valid=jnp.pad(cache.valid, ((0, 0), (0, extra))), index=cache.index)
 
 
 # ---------------------------------------------------------------- parameters
@@ -323,22 +337,36 @@ class Attention(nnx.Module):
     inv_freq = rope_frequencies(c)
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
+    # Keys and values are kept heads-major, [N, K, S, Dh], so that attention
+    # over a long cache needs no transpose of the cache at each decode step.
+    k = k.transpose(0, 2, 1, 3)
+    v = v.transpose(0, 2, 1, 3)
     new_cache = None
     if layer_cache is not None:
       ck, cv = layer_cache
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
       new_cache = (k, v)
     n, t = q.shape[:2]
-    q = q.reshape(n, t, c.n_kv_heads, c.group_size, c.head_dim)
-    scores = jnp.einsum("ntkgd,nskd->nkgts", q, k.astype(dt),
-                        preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
+    kv, g, dh = c.n_kv_heads, c.group_size, c.head_dim
+    # [N, K, G, T, Dh]: explicit transposes keep the batched matmuls below in
+    # XLA's fast layout (several times faster on CPU than transposing inside).
+    q = q.reshape(n, t, kv, g, dh).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("nkgtd,nksd->nkgts", q, k.astype(dt),
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("nkgts,nskd->ntkgd", probs, v.astype(dt),
-                     preferred_element_type=jnp.float32).astype(dt)
-    out = out.reshape(n, t, c.n_heads, c.head_dim)
-    return _dot("nthk,hkd->ntd", out, self.o[...], dt), new_cache
+    probs = jax.nn.softmax(scores, axis=-1)
+    if t == 1:
+      # Decode step: a fused multiply-reduce beats a batched matmul with M = G.
+      out = jnp.sum(probs[..., None] * v[:, :, None, None].astype(jnp.float32), axis=-2)
+    else:
+      out = jnp.einsum("nkgts,nksd->nkgtd", probs.astype(dt), v.astype(dt),
+                       preferred_element_type=jnp.float32)
+    if t == 1:
+      out = out.astype(dt).reshape(n, 1, c.n_heads, dh)  # [N, K, G, 1, Dh] -> heads
+      return _dot("nthk,hkd->ntd", out, self.o[...], dt), new_cache
+    o = self.o[...].reshape(kv, g, dh, c.d_model)
+    return _dot("nkgtd,kgdm->ntm", out.astype(dt), o, dt), new_cache
 
 
 class MLP(nnx.Module):
