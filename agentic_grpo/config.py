@@ -285,8 +285,9 @@ class EvalSection:
   def validate(self, path: str) -> None:
     _check(self.every >= 0, f"{path}.every", "must be >= 0 (0 = only at the ends)", self.every)
     _check(self.num_samples >= 0, f"{path}.num_samples", "must be >= 0", self.num_samples)
-    _check(all(1 <= k <= max(self.num_samples, 1) for k in self.k), f"{path}.k",
-           f"must be in [1, num_samples={self.num_samples}]", self.k)
+    if self.num_samples:
+      _check(all(1 <= k <= self.num_samples for k in self.k), f"{path}.k",
+             f"must be in [1, num_samples={self.num_samples}]", self.k)
     _check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
 
 

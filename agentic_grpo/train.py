@@ -85,6 +85,7 @@ class Components:
   pool: Any
   counting_pool: loop_lib.CountingPool
   workflow_factory: Callable[[], workflow_lib.Workflow]
+  make_workflow: Callable[..., workflow_lib.Workflow]
   num_stages: int
   stage_names: tuple
   shardings: learner.Shardings
@@ -121,11 +122,13 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   wf_config = workflow_lib.WorkflowConfig(
       stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
       num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards)
-  make = workflow_factory or workflow_lib.Workflow
-  factory = lambda: make(wf_config, counting)
+  cls = workflow_factory or workflow_lib.Workflow
+  make = lambda pool, score_stages=cfg.workflow.stage_rewards: cls(
+      dataclasses.replace(wf_config, score_stages=score_stages), pool)
+  factory = lambda: make(counting)
   probe = factory()
   return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
-                    probe.num_stages, probe.stage_names, learner.Shardings.replicated())
+                    make, probe.num_stages, probe.stage_names, learner.Shardings.replicated())
 
 
 def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
@@ -267,7 +270,8 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
       ax2.plot(*zip(*pts), alpha=0.6, label=key.split("/", 1)[1])
   ax2.set_xlabel("step")
   ax2.set_title("training rewards")
-  ax2.legend(loc="lower right", fontsize=8)
+  if rl:
+    ax2.legend(loc="lower right", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -278,10 +282,17 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
 
 def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bool
              ) -> dict[str, float]:
-  """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k."""
+  """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k.
+
+  Evaluation episodes score every stage (also for outcome-only runs) and count their sandbox
+  verdicts apart from training's (`eval/timeouts`).
+  """
   cfg = comp.cfg
   t0 = time.time()
-  final, stages = agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1)
+  counting = loop_lib.CountingPool(comp.pool)
+  factory = lambda: comp.make_workflow(counting, score_stages=True)
+  final, stages = agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1,
+                                     workflow_factory=factory)
   out = {"eval/pass@1": float(np.mean(final[:, 0] >= 1.0)),
          "eval/hidden_frac": float(np.mean(final[:, 0]))}
   for name, r in stages.items():
@@ -289,10 +300,11 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   n = cfg.eval.num_samples
   if sampled and n > 0:
     final_s, _ = agent.run_episodes(params, comp.eval_tasks, greedy=False, repeats=n,
-                                    rng_counter=-(1 << 20))
+                                    rng_counter=-(1 << 20), workflow_factory=factory)
     correct = (final_s >= 1.0).sum(axis=1)
     for k in cfg.eval.k:
       out[f"eval/pass@{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
+  out["eval/timeouts"] = float(counting.pop_counts().get("timeout", 0))
   out["eval/seconds"] = time.time() - t0
   return out
 

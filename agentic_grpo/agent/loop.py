@@ -375,13 +375,15 @@ class AgentLoop:
   # ------------------------------------------------------------------------------- evaluation
 
   def run_episodes(self, params, tasks: Sequence[task_lib.Task], *, greedy: bool,
-                   repeats: int = 1, rng_counter: int = -1
+                   repeats: int = 1, rng_counter: int = -1,
+                   workflow_factory: Optional[Callable[[], workflow_lib.Workflow]] = None
                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Runs whole episodes synchronously (evaluation; nothing goes to the replay).
 
     Tasks are repeated `repeats` times and padded to multiples of N rows (the sampler's fixed
     batch), so no new shapes are compiled. Sampling keys come from `rng_counter`,
     `rng_counter - 1`, ... (negative by default: disjoint from the training stream).
+    `workflow_factory` defaults to the loop's own.
 
     Returns:
       `final [len(tasks), repeats]` final rewards and per-stage rewards
@@ -395,7 +397,7 @@ class AgentLoop:
       chunk = items[start:start + n]
       real = len(chunk)
       chunk = chunk + [chunk[-1]] * (n - real)
-      wf = self._workflow_factory()
+      wf = (workflow_factory or self._workflow_factory)()
       episodes = wf.start(chunk)
       contexts = [[] for _ in range(n)]
       for k, name in enumerate(wf.stage_names):

@@ -1,0 +1,181 @@
+"""Tests for agentic_grpo.train and the experiment configs, with a micro model.
+
+Runs share one sandbox pool and, through the caches of the jitted steps and the sampler, one
+set of compilations.
+"""
+
+import json
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import numpy as np
+
+from agentic_grpo import checkpointing
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import train
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow as workflow_lib
+from experiments import outcome_grpo
+from experiments import tiny_codegen
+
+HANG = "def f(x):\n  while True:\n    pass\n"
+
+
+def _micro(module, **overrides):
+  """An experiment config shrunk to a micro model and a few tiny batches."""
+  c = module.get_config()
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64,
+                 max_seq_len=256)
+  c.task.eval_size = 2
+  c.workflow.max_new_tokens = 12
+  c.rl.update(tasks_per_batch=1, group_size=2, rows_per_update=4, buckets=(128,),
+              batches_in_flight=2)
+  c.warmstart.update(steps=1, batch_size=4, seq_len=128)
+  c.rl.num_steps = 1
+  c.eval.update(every=0, num_samples=2, k=(1, 2))
+  c.replay.skip_zero_advantage = False  # A random model's groups tie: still take steps.
+  c.checkpoint.every = 1
+  c.log.progress_bar = False
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    c[section][field] = value
+  return config_lib.from_config_dict(c)
+
+
+class FaultyWorkflow(workflow_lib.Workflow):
+  """A workflow whose hypothesis reward raises and whose code never returns (sandbox timeouts).
+
+  Whatever the model writes in the code stage is taken as an endless loop.
+  """
+
+  def __init__(self, config, pool):
+    super().__init__(config, pool)
+    for stage in self.stages:
+      if stage.kind == "hypothesis":
+        def score(episodes, parsed, pool, guard):
+          raise RuntimeError("reward bug")
+        stage.score = score
+
+  @staticmethod
+  def _parse(stage, ep, output):
+    if stage.kind == "code":
+      return HANG
+    return workflow_lib.Workflow._parse(stage, ep, output)
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class TrainTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits(
+        cpu_seconds=1.0, wall_seconds=0.5))
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def test_pass_at_k(self):
+    self.assertEqual(train.pass_at_k(4, 0, 1), 0.0)
+    self.assertEqual(train.pass_at_k(4, 4, 2), 1.0)
+    self.assertAlmostEqual(train.pass_at_k(4, 1, 1), 0.25)
+    self.assertAlmostEqual(train.pass_at_k(4, 1, 2), 0.5)  # 1 - C(3,2)/C(4,2)
+    self.assertAlmostEqual(train.pass_at_k(5, 2, 3), 1 - 1 / 10)  # 1 - C(3,3)/C(5,3)
+    with self.assertRaisesRegex(ValueError, "k <= n"):
+      train.pass_at_k(2, 1, 3)
+
+  @parameterized.named_parameters(("agentic", tiny_codegen), ("outcome", outcome_grpo))
+  def test_experiment_runs_two_steps(self, module):
+    cfg = _micro(module)
+    workdir = self.create_tempdir().full_path
+    result = train.run(cfg, workdir, pool=self.pool)
+    self.assertEqual(result["step"], 2)
+    rows = _rows(workdir)
+    self.assertEqual([r["phase"] for r in rows], ["warmstart", "rl"])
+    self.assertEqual([r["step"] for r in rows], [1, 2])
+    for r in rows:
+      for key in ("eval/pass@1", "eval/pass@1_sampled", "eval/pass@2_sampled", "seconds"):
+        self.assertIn(key, r)
+        self.assertBetween(r[key], 0.0, 1e9)
+    rl = rows[-1]
+    for key in ("loss/loss", "loss/clip_fraction", "loss/kl", "reward/hypothesis",
+                "tokens_per_s", "replay/total_stale_dropped_segments",
+                "replay/total_corrections"):
+      self.assertIn(key, rl)
+    if module is outcome_grpo:
+      self.assertEqual(rl["replay/total_provisional_items"], 0.0)
+    for name in ("learning_curve.png", "config.json"):
+      self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
+    self.assertNotEmpty(os.listdir(os.path.join(workdir, "tb")))
+    self.assertEqual(checkpointing.Checkpointer(os.path.join(workdir, "checkpoints")
+                                                ).latest_step(), 2)
+
+  def test_faults_are_counted_and_do_not_stop_the_run(self):
+    cfg = _micro(tiny_codegen, **{"rl.num_steps": 4})
+    workdir = self.create_tempdir().full_path
+    result = train.run(cfg, workdir, pool=self.pool, workflow_factory=FaultyWorkflow)
+    self.assertEqual(result["step"], 5)
+    last = _rows(workdir)[-1]
+    self.assertGreater(last["counts/errors/hypothesis"], 0)  # The raising reward.
+    self.assertGreater(last["counts/timeout"], 0)  # The hanging programs.
+
+  def test_resume_equals_uninterrupted(self):
+    # A pool of 2 training tasks and one task per batch: epochs end every 2 batches.
+    cfg = _micro(tiny_codegen, **{"warmstart.steps": 2, "rl.num_steps": 6,
+                                  "task.train_size": 2, "eval.num_samples": 0,
+                                  "checkpoint.every": 0})
+    total = 8
+    full = self.create_tempdir().full_path
+    train.run(cfg, full, pool=self.pool)
+    want = self._final(full, cfg)
+    positions = []
+    for stops in ((1, 5), (3,)):  # Mid-warm-start, then mid-RL; and right after the phase change.
+      parts = self.create_tempdir().full_path
+      for stop in stops:
+        result = train.run(cfg, parts, pool=self.pool, stop_after=stop)
+        self.assertEqual(result["step"], stop)
+        meta = self._final(parts, cfg)[2]
+        if meta["phase"] == "rl":
+          positions.append(meta["data_position"])
+      train.run(cfg, parts, pool=self.pool)
+      got = self._final(parts, cfg)
+      self._assert_same(want, got, stops)
+    self.assertEqual(want[2]["step"], total)
+    # Some RL stop fell right on an epoch boundary of the 2-task pool.
+    self.assertTrue(any(p > 0 and p % 2 == 0 for p in positions), positions)
+
+  def _final(self, workdir, cfg):
+    comp = train.build(cfg, pool=self.pool)
+    opt = learner.make_optimizer(cfg.optim)
+    params = train._init_fn(comp.model_config, comp.shardings.state)(jax.random.key(0))
+    abstract = {"state": learner.init_state(params, opt, 0)}
+    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    return ck.restore(None, abstract)
+
+  def _assert_same(self, want, got, stops):
+    (ws, wh, wm), (gs, gh, gm) = want, got
+    for a, b in zip(jax.tree.leaves(ws), jax.tree.leaves(gs)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"stops {stops}")
+    self.assertEqual(jax.tree.structure(ws), jax.tree.structure(gs))
+    for group in ("replay", "loop"):
+      self.assertEqual(sorted(wh[group]), sorted(gh[group]))
+      for k in wh[group]:
+        np.testing.assert_array_equal(wh[group][k], gh[group][k], err_msg=f"{group}/{k}")
+    for key in ("step", "phase", "data_position", "replay"):
+      self.assertEqual(wm[key], gm[key], msg=f"meta {key}, stops {stops}")
+    loop_keys = ("slots", "cursor", "phase", "rng_counter", "stream_position", "next_episode_id")
+    for key in loop_keys:
+      self.assertEqual(wm["loop"][key], gm["loop"][key], msg=f"loop {key}, stops {stops}")
+
+
+if __name__ == "__main__":
+  absltest.main()
