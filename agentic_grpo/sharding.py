@@ -45,6 +45,7 @@ list with `process_slice`.
 
 from collections.abc import Mapping, Sequence
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Optional, Union
 
@@ -407,12 +408,34 @@ def shard_model(model_config: transformer.ModelConfig, mesh: MeshLike,
   return ShardedModel(graphdef, abstract, shardings, mesh, rules)
 
 
+class _ByValue:
+  """Wraps a pytree of shardings so that it hashes and compares by value."""
+
+  def __init__(self, tree):
+    self.tree = tree
+    leaves, treedef = jax.tree.flatten(tree)
+    self._key = (str(treedef), tuple(leaves))
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, _ByValue) and self._key == other._key
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_init(model_config: transformer.ModelConfig, shardings: _ByValue):
+  return jax.jit(lambda key: transformer.init_params(model_config, key),
+                 out_shardings=shardings.tree)
+
+
 def init_params(sharded: ShardedModel, model_config: transformer.ModelConfig,
                 rng: jax.Array) -> nnx.State:
   """Random parameters created directly in their shards.
 
   The initialiser is jitted with `out_shardings`, so no device ever holds
-  more than its shard (plus XLA temporaries).
+  more than its shard (plus XLA temporaries). The compiled initialiser is
+  cached per model shape and shardings.
 
   Args:
     sharded: from `shard_model(model_config, ...)`.
@@ -426,9 +449,7 @@ def init_params(sharded: ShardedModel, model_config: transformer.ModelConfig,
   """
   if isinstance(rng, int):
     rng = jax.random.key(rng)
-  fn = jax.jit(lambda key: transformer.init_params(model_config, key),
-               out_shardings=sharded.param_shardings)
-  return fn(rng)
+  return _jitted_init(model_config, _ByValue(sharded.param_shardings))(rng)
 
 
 def device_put_params(params: nnx.State, sharded: ShardedModel) -> nnx.State:

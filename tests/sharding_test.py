@@ -259,6 +259,18 @@ class ShardedModelTest(parameterized.TestCase):
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, state["params"]),
                                 jax.tree.map(np.asarray, _INITIAL[0]))
 
+  def test_init_params_in_shards_and_cached(self):
+    _reference()
+    mesh = sharding.make_mesh((2, 2, 2))
+    sm = sharding.shard_model(_CONFIG, mesh)
+    params = sharding.init_params(sm, _CONFIG, 0)
+    hits = sharding._jitted_init.cache_info().hits
+    again = sharding.init_params(sharding.shard_model(_CONFIG, mesh), _CONFIG, 0)
+    self.assertEqual(sharding._jitted_init.cache_info().hits, hits + 1)  # no recompilation
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, again),
+                                jax.tree.map(np.asarray, _INITIAL[0]))
+    self.assertEqual(params["embed"].get_value().sharding.spec, P("tensor", "fsdp"))
+
   def test_kv_cache_shardings(self):
     mesh = sharding.make_mesh((2, 2, 2))
     cache_sh = sharding.kv_cache_shardings(_CONFIG, mesh, batch_size=8, max_len=16)
