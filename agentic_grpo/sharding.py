@@ -189,8 +189,10 @@ def make_mesh(config: Any, devices: Optional[Sequence[jax.Device]] = None) -> ja
   Args:
     config: `(data, fsdp, tensor)` sizes, or a config/mapping with fields
       `data`, `fsdp`, `tensor`, or one with a `mesh` section holding them
-      (e.g. the `sharding` section from `get_config()`). One size may be -1.
+      (e.g. a `TrainConfig`). One size may be -1.
     devices: devices to use; default all (`jax.devices()`, every process).
+      In a single-process run, fixed sizes covering fewer devices than
+      there are use the first ones (e.g. `(1, 1, 1)` in a test that has 8).
 
   Returns:
     A `jax.sharding.Mesh` with axis names `MESH_AXES`.
@@ -199,7 +201,12 @@ def make_mesh(config: Any, devices: Optional[Sequence[jax.Device]] = None) -> ja
     ValueError: see `resolve_mesh_shape`.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = resolve_mesh_shape(_mesh_sizes(config), len(devices))
+  sizes = _mesh_sizes(config)
+  fixed = all(isinstance(x, (int, np.integer)) and x > 0 for x in sizes)
+  if fixed and jax.process_count() == 1 and 0 < int(np.prod(sizes)) < len(devices):
+    logging.info("mesh %s uses %d of %d devices", sizes, int(np.prod(sizes)), len(devices))
+    devices = devices[:int(np.prod(sizes))]
+  shape = resolve_mesh_shape(sizes, len(devices))
   return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
                        devices=devices)
 
@@ -563,15 +570,17 @@ def learner_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.
     `(sharded_model, TreeShardings)` (a hashable `learner.Shardings`):
     `TrainState` parameters and
     parameter-shaped optimizer moments sharded by the rules, counters and
-    PRNG key replicated; batches row-sharded (`row_sharding`); reference
-    parameters like the parameters (or a replicated prefix that also fits
-    None, without reference).
+    PRNG key replicated; reference parameters like the parameters (or a
+    replicated prefix that also fits None, without reference); batches
+    `None`: the step takes the batch's own sharding, so place batches with
+    `put_batch` / `shard_batch`, which split rows as far as their count
+    allows (one compilation per batch shape, as before).
   """
   sm = shard_model(model_config, mesh, rules)
   plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
   abstract_state = jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain)
   return sm, TreeShardings(state=tree_shardings_like(abstract_state, sm),
-                           batch=row_sharding(mesh, sm.rules),
+                           batch=None,
                            ref_params=(sm.param_shardings if with_reference
                                        else NamedSharding(mesh, P())))
 
@@ -591,6 +600,26 @@ def batch_sharding(mesh: jax.sharding.Mesh, shape: Sequence[int],
     return NamedSharding(mesh, P())
   logical = ("batch",) + (None,) * (len(shape) - 1)
   return NamedSharding(mesh, logical_to_spec(logical, shape, mesh, rules))
+
+
+def put_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = None) -> Any:
+  """Places a whole host batch on the mesh, rows split by the `batch` rule.
+
+  Every process passes the same global batch (as when all processes run the
+  same host loop); see `shard_batch` for process-local rows. Rows are split
+  over the batch mesh axes that divide their count (`batch_sharding`);
+  0-d leaves are replicated.
+
+  Args:
+    batch: pytree of NumPy / JAX arrays `[rows, ...]`.
+    mesh: the mesh.
+    rules: logical axis rules; default `DEFAULT_RULES`.
+
+  Returns:
+    The same pytree of global `jax.Array`s.
+  """
+  return jax.tree.map(
+      lambda x: jax.device_put(x, batch_sharding(mesh, np.shape(x), rules)), batch)
 
 
 def shard_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = None) -> Any:

@@ -128,13 +128,14 @@ class ShardedTrainingTest(parameterized.TestCase):
     sm2, shardings = sharding.learner_shardings(_CONFIG, mesh, tx)
     self.assertEqual(sm2.param_shardings, sm.param_shardings)
     self.assertEqual(shardings.ref_params, sm.param_shardings)
-    self.assertEqual(shardings.batch.spec, jax.sharding.PartitionSpec(("data", "fsdp")))
+    self.assertIsNone(shardings.batch)  # the batch brings its own (shape-aware) sharding
     # Hashable by value (the learner caches its steps on the shardings).
     self.assertEqual(hash(shardings), hash(sharding.learner_shardings(_CONFIG, mesh, tx)[1]))
     state = jax.device_put(learner.init_state(params, tx, 0), shardings.state)
     step = learner.make_update_step(graphdef, cfg, tx, shardings=shardings)
     ref = sharding.device_put_params(ref_params, sm)
-    batch = sharding.shard_batch(learner.to_device_batch(_batch()), mesh)
+    batch = sharding.put_batch(learner.to_device_batch(_batch()), mesh)
+    self.assertEqual(batch["tokens"].sharding.spec, sharding.batch_sharding(mesh, (N, T)).spec)
     for i in range(3):  # the third step only checks that nothing recompiles
       state, metrics = step(state, batch, ref)
       if i < 2:

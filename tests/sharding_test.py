@@ -86,6 +86,12 @@ class MeshTest(parameterized.TestCase):
   def test_minus_one_takes_the_rest(self, sizes, expected):
     self.assertEqual(sharding.resolve_mesh_shape(sizes, 8), expected)
 
+  def test_fixed_sizes_may_use_fewer_devices_in_one_process(self):
+    mesh = sharding.make_mesh((1, 2, 1))
+    self.assertEqual(list(mesh.devices.flat), jax.devices()[:2])
+    with self.assertRaisesRegex(ValueError, "do not divide"):
+      sharding.make_mesh((3, -1, 1))
+
   def test_mesh_from_config_objects(self):
     cd = ml_collections.ConfigDict({"mesh": {"data": 2, "fsdp": -1, "tensor": 2}})
     self.assertEqual(tuple(sharding.make_mesh(cd).shape.values()), (2, 2, 2))
@@ -95,7 +101,7 @@ class MeshTest(parameterized.TestCase):
     self.assertEqual(tuple(sharding.make_mesh((-1, 1, 2), devices).shape.values()), (2, 1, 2))
 
   @parameterized.parameters(
-      ((3, 1, 1), "cover 3 devices"),
+      ((3, 3, 1), "cover 9 devices"),
       ((-1, -1, 1), "at most one"),
       ((3, -1, 1), "do not divide"),
       ((0, 1, 1), "positive int or -1"),
@@ -305,6 +311,15 @@ class BatchTest(absltest.TestCase):
     np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"])
     self.assertEqual(sharding.batch_devices(mesh), 8)
     self.assertEqual(sharding.row_sharding(mesh).spec, P(("data", "fsdp")))
+
+  def test_put_batch_splits_rows_as_far_as_they_divide(self):
+    mesh = sharding.make_mesh((2, 4, 1))
+    out = sharding.put_batch({"a": np.ones((16, 3)), "b": np.ones((4, 3)), "c": np.int32(1)},
+                             mesh)
+    self.assertEqual(out["a"].sharding.spec, P(("data", "fsdp"), None))
+    self.assertEqual(out["b"].sharding.spec, P("data", None))  # 4 rows: data (2) divides
+    self.assertEqual(out["c"].sharding.spec, P())
+    np.testing.assert_array_equal(np.asarray(out["b"]), np.ones((4, 3)))
 
   def test_fetch_returns_host_arrays(self):
     mesh = sharding.make_mesh((2, 2, 2))
