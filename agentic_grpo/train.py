@@ -27,7 +27,6 @@ resume exactly: learner state, replay, in-flight episodes, data position), `conf
 
 import collections
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -43,6 +42,7 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import replay as replay_lib
+from agentic_grpo import sharding
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
@@ -88,6 +88,8 @@ class Components:
   make_workflow: Callable[..., workflow_lib.Workflow]
   num_stages: int
   stage_names: tuple
+  mesh: jax.sharding.Mesh
+  sharded_model: Any
   shardings: learner.Shardings
 
 
@@ -127,8 +129,11 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
       dataclasses.replace(wf_config, score_stages=score_stages), pool)
   factory = lambda: make(counting)
   probe = factory()
+  mesh = sharding.make_mesh(cfg)
+  sharded_model, shardings = sharding.learner_shardings(
+      model_config, mesh, learner.make_optimizer(cfg.optim), with_reference=cfg.loss.kl_beta > 0)
   return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
-                    make, probe.num_stages, probe.stage_names, learner.Shardings.replicated())
+                    make, probe.num_stages, probe.stage_names, mesh, sharded_model, shardings)
 
 
 def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
@@ -181,12 +186,14 @@ class MetricsWriter:
 
   On resume, lines of `metrics.jsonl` beyond the restored step (written after the last
   checkpoint by the stopped run) are dropped so that the file stays one consistent history.
+  In a multi-process run only process 0 writes; the others keep the history in memory.
   """
 
   def __init__(self, workdir: str, cfg: config_lib.TrainConfig, total_steps: int,
                resume_step: int):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.history: list[dict[str, Any]] = []
+    self.primary = jax.process_index() == 0
     if os.path.exists(self.path):
       with open(self.path) as f:
         for line in f:
@@ -194,15 +201,16 @@ class MetricsWriter:
             row = json.loads(line)
             if row.get("step", 0) <= resume_step:
               self.history.append(row)
+    self._file = self._tb = self._bar = None
+    if not self.primary:
+      return
     with open(self.path, "w") as f:
       for row in self.history:
         f.write(json.dumps(row) + "\n")
     self._file = open(self.path, "a")
-    self._tb = None
-    if cfg.log.tensorboard and jax.process_index() == 0:
+    if cfg.log.tensorboard:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
-    self._bar = None
     if cfg.log.progress_bar:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
@@ -214,14 +222,16 @@ class MetricsWriter:
     row = {k: (float(v) if isinstance(v, (np.ndarray, np.generic, jax.Array)) else v)
            for k, v in row.items()}
     self.history.append(row)
+    if "eval/pass@1" in row:
+      self.pass1 = row["eval/pass@1"]
+    if self._file is None:
+      return
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
     if self._tb is not None:
       for k, v in row.items():
         if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
           self._tb.add_scalar(k, v, row["step"])
-    if "eval/pass@1" in row:
-      self.pass1 = row["eval/pass@1"]
 
   def progress(self, step: int, phase: str, loss: Optional[float] = None) -> None:
     if self._bar is None:
@@ -236,7 +246,8 @@ class MetricsWriter:
     self._bar.refresh()
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
     if self._tb is not None:
       self._tb.close()
     if self._bar is not None:
@@ -312,12 +323,6 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
 # ------------------------------------------------------------------------------ the run
 
 
-@functools.lru_cache(maxsize=4)
-def _init_fn(model_config: transformer.ModelConfig, sharding):
-  """Jitted parameter initialiser (cached: later runs in the process reuse the compilation)."""
-  return jax.jit(lambda k: transformer.init_params(model_config, k), out_shardings=sharding)
-
-
 def _mean_rows(rows: list[dict[str, float]]) -> dict[str, float]:
   acc = collections.defaultdict(list)
   for r in rows:
@@ -344,8 +349,9 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config_lib.to_dict(cfg), f, indent=1)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(config_lib.to_dict(cfg), f, indent=1)
   own_pool = pool is None
   comp = build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
@@ -365,7 +371,9 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   ws_opt = learner.make_optimizer(cfg.optim, learning_rate=cfg.warmstart.learning_rate,
                                   warmup_steps=cfg.warmstart.warmup_steps)
   rl_opt = learner.make_optimizer(cfg.optim)
-  params0 = _init_fn(comp.model_config, sh.state)(jax.random.key(cfg.seed))
+  params0 = sharding.init_params(comp.sharded_model, comp.model_config,
+                                 jax.random.key(cfg.seed))
+  put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys), comp.mesh)
   use_kl = cfg.loss.kl_beta > 0
 
   replay = replay_lib.StagedReplay(
@@ -437,8 +445,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
         t0 = time.time()
         ws_stream.position = step * bs
         _, tasks = ws_stream.take(bs)
-        batch = jax.device_put(learner.to_device_batch(sft_batch(comp, tasks), learner.SFT_KEYS),
-                               sh.batch)
+        batch = put(sft_batch(comp, tasks), learner.SFT_KEYS)
         state, m = sft_step(state, batch)
         step += 1
         m = jax.device_get(m)
@@ -502,8 +509,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           batch = replay.take(rows, version, cfg.rl.buckets)
           if batch is None:
             continue
-          state, m = update(state, jax.device_put(learner.to_device_batch(batch), sh.batch),
-                            ref_params)
+          state, m = update(state, put(batch, learner.BATCH_KEYS), ref_params)
           step += 1
           idle_batches = 0
           m = {f"loss/{k}": float(v) for k, v in jax.device_get(m).items()}
@@ -532,7 +538,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   finally:
     metrics.close()
     agent.close()
-  if cfg.log.plot and not stopping():
+  if cfg.log.plot and not stopping() and metrics.primary:
     plot_learning_curve(metrics.history, os.path.join(workdir, "learning_curve.png"))
   warm = next((r for r in metrics.history if r.get("phase") == "warmstart"
                and "eval/pass@1" in r), {})

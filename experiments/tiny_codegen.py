@@ -25,22 +25,33 @@ def get_config() -> ml_collections.ConfigDict:
   c.task.depths = (1,)
   c.task.eval_size = 64
 
-  # hypothesis -> code -> tests -> debug, each stage rewarded when it completes.
+  # hypothesis -> code -> tests -> debug, each stage rewarded when it completes. Episodes are
+  # about 120-190 byte tokens; 48 new tokens per stage bound a rambling policy.
   c.workflow.stages = ("hypothesis", "code", "tests", "debug")
   c.workflow.stage_rewards = True
+  c.workflow.max_new_tokens = 48
 
+  # Supervised warm-start on reference episodes.
+  c.warmstart.steps = 200
+  c.warmstart.batch_size = 32
+  c.warmstart.learning_rate = 2e-3
+  c.warmstart.seq_len = 192
+
+  # Agentic GRPO: 8 tasks x 8 attempts per episode batch, two batches in flight.
   c.rl.num_steps = 60
   c.rl.tasks_per_batch = 8
   c.rl.group_size = 8
   c.rl.batches_in_flight = 2
-  c.rl.rows_per_update = 64
+  c.rl.rows_per_update = 32
   c.rl.buckets = (128, 256)
+  c.optim.learning_rate = 5e-4
 
   c.correction.enabled = True
   c.correction.target = "outcome"
   c.correction.max_staleness = 8
 
-  c.warmstart.steps = 200
   c.eval.every = 20
-  c.checkpoint.every = 20
+  c.eval.num_samples = 4
+  c.eval.k = (1, 4)
+  c.checkpoint.every = 50
   return c

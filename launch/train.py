@@ -18,6 +18,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from agentic_grpo import sharding
 from agentic_grpo import train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -42,6 +43,8 @@ def _fresh_workdir(config_path: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
+  sharding.initialize_distributed()
   workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
       flags.FLAGS["config"]))
   print(f"workdir: {os.path.abspath(workdir)}", flush=True)

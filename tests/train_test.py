@@ -15,6 +15,7 @@ import numpy as np
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
+from agentic_grpo import sharding
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
@@ -39,6 +40,7 @@ def _micro(module, **overrides):
   c.replay.skip_zero_advantage = False  # A random model's groups tie: still take steps.
   c.checkpoint.every = 1
   c.log.progress_bar = False
+  c.mesh.data = 1  # One of the test session's 8 simulated devices.
   for key, value in overrides.items():
     section, field = key.split(".")
     c[section][field] = value
@@ -156,7 +158,7 @@ class TrainTest(parameterized.TestCase):
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)
     opt = learner.make_optimizer(cfg.optim)
-    params = train._init_fn(comp.model_config, comp.shardings.state)(jax.random.key(0))
+    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, opt, 0)}
     ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     return ck.restore(None, abstract)
