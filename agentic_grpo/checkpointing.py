@@ -65,7 +65,7 @@ class Checkpointer:
   def __init__(self, directory: str, *, max_to_keep: int = 2):
     if max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
-    self.directory = os.path.abspath(directory)
+    self.directory = directory if "://" in str(directory) else os.path.abspath(directory)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,

@@ -61,7 +61,10 @@ class TaskSection:
 
   `train_size` > 0 makes the training stream a finite pool of that many train-split tasks,
   visited in a fresh seeded order every epoch; 0 streams new tasks without end.
-  `eval_size` held-out tasks (the `test` split) are evaluated.
+  `eval_size` held-out tasks (the `test` split) are evaluated. `split_by` is the synthetic
+  source's split rule: `program` keeps whole programs out of training (with `depths=(1,)` that
+  leaves primitives the model never saw), `task` keeps the exact tasks (program and examples)
+  out.
   """
   source: str = "synthetic"
   seed: int = 0
@@ -69,6 +72,7 @@ class TaskSection:
   string_prob: float = 0.4
   ambiguity_target: float = 0.3
   num_hidden: int = 8
+  split_by: str = "program"
   train_size: int = 0
   eval_split: str = "test"
   eval_size: int = 64
@@ -82,6 +86,7 @@ class TaskSection:
     _check(0.0 <= self.ambiguity_target <= 1.0, f"{path}.ambiguity_target", "must be in [0, 1]",
            self.ambiguity_target)
     _check(self.num_hidden >= 8, f"{path}.num_hidden", "must be >= 8", self.num_hidden)
+    _choice(f"{path}.split_by", self.split_by, ("program", "task"))
     _check(self.train_size >= 0, f"{path}.train_size", "must be >= 0", self.train_size)
     _choice(f"{path}.eval_split", self.eval_split, ("validation", "test"))
     _check(self.eval_size >= 1, f"{path}.eval_size", "must be >= 1", self.eval_size)
@@ -259,11 +264,16 @@ class OptimSection:
 
 @dataclasses.dataclass(frozen=True)
 class WarmstartSection:
-  """Supervised warm-start on reference episodes (0 steps skips it)."""
+  """Supervised warm-start on reference episodes (0 steps skips it).
+
+  The learning rate warms up linearly over `warmup_steps`, then follows a cosine decay to
+  `final_lr_fraction` of its peak at `steps`.
+  """
   steps: int = 200
   batch_size: int = 32
   learning_rate: float = 1e-3
   warmup_steps: int = 20
+  final_lr_fraction: float = 0.1
   seq_len: int = 256
 
   def validate(self, path: str) -> None:
@@ -271,6 +281,8 @@ class WarmstartSection:
     _check(self.batch_size >= 1, f"{path}.batch_size", "must be >= 1", self.batch_size)
     _check(self.learning_rate > 0, f"{path}.learning_rate", "must be > 0", self.learning_rate)
     _check(self.warmup_steps >= 0, f"{path}.warmup_steps", "must be >= 0", self.warmup_steps)
+    _check(0.0 <= self.final_lr_fraction <= 1.0, f"{path}.final_lr_fraction",
+           "must be in [0, 1]", self.final_lr_fraction)
     _check(self.seq_len >= 8, f"{path}.seq_len", "must be >= 8", self.seq_len)
 
 
@@ -316,16 +328,38 @@ class LogSection:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-  """Device mesh shape over axes (`data`, `fsdp`, `tensor`); -1 takes the remaining devices."""
+  """Device mesh shape over axes (`data`, `fsdp`, `tensor`); -1 takes the remaining devices.
+
+  `logical_axis_rules` overrides `sharding.DEFAULT_RULES`: pairs `(logical_axis, mesh_axes)`
+  with `mesh_axes` a comma-separated list of mesh axes (`"data,fsdp"`), or `""` for replicated;
+  empty means the defaults.
+  """
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  logical_axis_rules: tuple[tuple[str, str], ...] = ()
 
   def validate(self, path: str) -> None:
     sizes = (self.data, self.fsdp, self.tensor)
     for name, v in zip(("data", "fsdp", "tensor"), sizes):
       _check(v == -1 or v >= 1, f"{path}.{name}", "must be >= 1 or -1", v)
     _check(sizes.count(-1) <= 1, path, "may have at most one axis of size -1", sizes)
+    for i, rule in enumerate(self.logical_axis_rules):
+      _check(len(rule) == 2, f"{path}.logical_axis_rules[{i}]",
+             "must be a (logical_axis, mesh_axes) pair", rule)
+      axes = [a for a in rule[1].split(",") if a]
+      _check(all(a in ("data", "fsdp", "tensor") for a in axes),
+             f"{path}.logical_axis_rules[{i}]", "must name mesh axes data, fsdp, tensor", rule)
+
+  def rules(self):
+    """The rules in `sharding`'s form (`(name, None | axis | (axes...))`), or None."""
+    if not self.logical_axis_rules:
+      return None
+    out = []
+    for name, axes in self.logical_axis_rules:
+      names = tuple(a for a in axes.split(",") if a)
+      out.append((name, None if not names else names[0] if len(names) == 1 else names))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,8 @@ class TrainState:
 
 @functools.lru_cache(maxsize=32)
 def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[float] = None,
-                   warmup_steps: Optional[int] = None) -> optax.GradientTransformation:
+                   warmup_steps: Optional[int] = None, decay_steps: int = 0,
+                   final_lr_fraction: float = 1.0) -> optax.GradientTransformation:
   """AdamW with linear warm-up and clipping, skipping non-finite updates.
 
   Cached: equal arguments return the same object, so that the jitted steps built on it are
@@ -70,12 +71,21 @@ def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[fl
     optim: optimizer section of the config.
     learning_rate: overrides `optim.learning_rate` (the warm-start uses its own).
     warmup_steps: overrides `optim.warmup_steps`.
+    decay_steps: if > 0, a cosine decay (Loshchilov & Hutter, 2017) from the peak at the end
+      of the warm-up to `final_lr_fraction * learning_rate` at `decay_steps`; else constant.
+    final_lr_fraction: see `decay_steps`.
   """
   lr = optim.learning_rate if learning_rate is None else learning_rate
   warmup = optim.warmup_steps if warmup_steps is None else warmup_steps
-  # Linear warm-up from lr / warmup (the first update is not wasted), then constant.
-  schedule = (optax.linear_schedule(lr / warmup, lr, warmup) if warmup > 0
-              else optax.constant_schedule(lr))
+  if decay_steps > 0:
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=lr / max(warmup, 1), peak_value=lr, warmup_steps=warmup,
+        decay_steps=max(decay_steps, warmup + 1), end_value=final_lr_fraction * lr)
+  elif warmup > 0:
+    # Linear warm-up from lr / warmup (the first update is not wasted), then constant.
+    schedule = optax.linear_schedule(lr / warmup, lr, warmup)
+  else:
+    schedule = optax.constant_schedule(lr)
   parts = []
   if optim.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(optim.grad_clip))

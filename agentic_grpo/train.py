@@ -27,6 +27,7 @@ resume exactly: learner state, replay, in-flight episodes, data position), `conf
 
 import collections
 import dataclasses
+import io
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import time
 from typing import Any, Callable, Optional
 
 from absl import logging
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,7 +116,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   graphdef, _ = transformer.abstract_model(model_config)
   tasks = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
       seed=cfg.task.seed, depths=cfg.task.depths, string_prob=cfg.task.string_prob,
-      ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden))
+      ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden,
+      split_by=cfg.task.split_by))
   eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(cfg.task.eval_size)]
   if pool is None:
     pool = sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
@@ -131,7 +134,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   probe = factory()
   mesh = sharding.make_mesh(cfg)
   sharded_model, shardings = sharding.learner_shardings(
-      model_config, mesh, learner.make_optimizer(cfg.optim), with_reference=cfg.loss.kl_beta > 0)
+      model_config, mesh, learner.make_optimizer(cfg.optim), cfg.mesh.rules(),
+      with_reference=cfg.loss.kl_beta > 0)
   return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
                     make, probe.num_stages, probe.stage_names, mesh, sharded_model, shardings)
 
@@ -186,29 +190,30 @@ class MetricsWriter:
 
   On resume, lines of `metrics.jsonl` beyond the restored step (written after the last
   checkpoint by the stopped run) are dropped so that the file stays one consistent history.
-  In a multi-process run only process 0 writes; the others keep the history in memory.
+  In a multi-process run only process 0 writes; the others keep the history in memory. A remote
+  workdir (`gs://...`) gets the whole file rewritten at each write (objects cannot be appended
+  to) and no TensorBoard events.
   """
 
   def __init__(self, workdir: str, cfg: config_lib.TrainConfig, total_steps: int,
                resume_step: int):
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = epath.Path(workdir) / "metrics.jsonl"
     self.history: list[dict[str, Any]] = []
     self.primary = jax.process_index() == 0
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        for line in f:
-          if line.strip():
-            row = json.loads(line)
-            if row.get("step", 0) <= resume_step:
-              self.history.append(row)
+    self.local = "://" not in str(workdir)
+    if self.path.exists():
+      for line in self.path.read_text().splitlines():
+        if line.strip():
+          row = json.loads(line)
+          if row.get("step", 0) <= resume_step:
+            self.history.append(row)
     self._file = self._tb = self._bar = None
     if not self.primary:
       return
-    with open(self.path, "w") as f:
-      for row in self.history:
-        f.write(json.dumps(row) + "\n")
-    self._file = open(self.path, "a")
-    if cfg.log.tensorboard:
+    self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+    if self.local:
+      self._file = self.path.open("a")
+    if cfg.log.tensorboard and self.local:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
     if cfg.log.progress_bar:
@@ -224,10 +229,13 @@ class MetricsWriter:
     self.history.append(row)
     if "eval/pass@1" in row:
       self.pass1 = row["eval/pass@1"]
-    if self._file is None:
+    if not self.primary:
       return
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
+    if self._file is None:
+      self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+    else:
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
     if self._tb is not None:
       for k, v in row.items():
         if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
@@ -284,8 +292,10 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
   if rl:
     ax2.legend(loc="lower right", fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
   plt.close(fig)
+  epath.Path(path).write_bytes(buf.getvalue())
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -348,10 +358,10 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
   """
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(config_lib.to_dict(cfg), f, indent=1)
+    (epath.Path(workdir) / "config.json").write_text(
+        json.dumps(config_lib.to_dict(cfg), indent=1))
   own_pool = pool is None
   comp = build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
@@ -369,11 +379,13 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     max_to_keep=cfg.checkpoint.max_to_keep)
   ws_opt = learner.make_optimizer(cfg.optim, learning_rate=cfg.warmstart.learning_rate,
-                                  warmup_steps=cfg.warmstart.warmup_steps)
+                                  warmup_steps=cfg.warmstart.warmup_steps, decay_steps=ws_steps,
+                                  final_lr_fraction=cfg.warmstart.final_lr_fraction)
   rl_opt = learner.make_optimizer(cfg.optim)
   params0 = sharding.init_params(comp.sharded_model, comp.model_config,
                                  jax.random.key(cfg.seed))
-  put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys), comp.mesh)
+  put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys), comp.mesh,
+                                               cfg.mesh.rules())
   use_kl = cfg.loss.kl_beta > 0
 
   replay = replay_lib.StagedReplay(
@@ -441,13 +453,19 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
     if phase == "warmstart" and ws_steps:
       sft_step = learner.make_sft_step(comp.graphdef, cfg, ws_opt, shardings=sh)
       bs = cfg.warmstart.batch_size
+
+      def host_batch(s):  # The batch of warm-start step s: a pure function of s.
+        ws_stream.position = s * bs
+        return sft_batch(comp, ws_stream.take(bs)[1])
+
+      next_batch = host_batch(step)
       while step < ws_steps and not stopping():
         t0 = time.time()
-        ws_stream.position = step * bs
-        _, tasks = ws_stream.take(bs)
-        batch = put(sft_batch(comp, tasks), learner.SFT_KEYS)
-        state, m = sft_step(state, batch)
+        batch = put(next_batch, learner.SFT_KEYS)
+        state, m = sft_step(state, batch)  # Dispatched asynchronously:
         step += 1
+        if step < ws_steps:
+          next_batch = host_batch(step)  # the next batch is built while the device works.
         m = jax.device_get(m)
         if step % cfg.log.every == 0 or step == ws_steps:
           dt = time.time() - t0
@@ -479,8 +497,15 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       pending_rows: list[dict[str, float]] = []
       log_state = {"t": time.time(), "tokens": 0, "logged": -1}
 
+      pending_updates: list[tuple[Any, dict[str, float]]] = []
+
       def log_rl(final: bool):
         nonlocal last_eval
+        # Update metrics stay on device until here, so that host work overlaps the updates.
+        for m_dev, stats in jax.device_get(pending_updates):
+          pending_rows.append({f"loss/{k}": float(v) for k, v in m_dev.items()})
+          pending_rows[-1].update({f"replay/{k}": float(v) for k, v in stats.items()})
+        pending_updates.clear()
         now = time.time()
         row = {"step": step, "phase": "rl", "seconds": now - t_start,
                "tokens_per_s": log_state["tokens"] / max(now - log_state["t"], 1e-9)}
@@ -512,13 +537,12 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           state, m = update(state, put(batch, learner.BATCH_KEYS), ref_params)
           step += 1
           idle_batches = 0
-          m = {f"loss/{k}": float(v) for k, v in jax.device_get(m).items()}
-          m.update({f"replay/{k}": float(v) for k, v in batch.stats.items()})
+          pending_updates.append((m, batch.stats))
           log_state["tokens"] += int(batch.loss_mask.size)
-          pending_rows.append(m)
-          if step % cfg.log.every == 0 and step < total:
+          eval_due = cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0
+          if (step % cfg.log.every == 0 or eval_due) and step < total:
             log_rl(final=False)
-          metrics.progress(step, "rl", m["loss/loss"])
+          metrics.progress(step, "rl")
           if step < total:
             maybe_checkpoint()
           continue

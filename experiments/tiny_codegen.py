@@ -20,9 +20,12 @@ def get_config() -> ml_collections.ConfigDict:
   # A ~0.8M-parameter byte-level Llama-style model (the `tiny` preset).
   c.model.preset = "tiny"
 
-  # Single-primitive synthetic tasks: short prompts, learnable in minutes.
+  # Single-primitive synthetic tasks: short prompts, learnable in minutes. Held-out tasks are
+  # new tasks (program with new examples and hidden tests): with one primitive per program, a
+  # program-disjoint split would hold out primitives the model never sees.
   c.task.source = "synthetic"
   c.task.depths = (1,)
+  c.task.split_by = "task"
   c.task.eval_size = 64
 
   # hypothesis -> code -> tests -> debug, each stage rewarded when it completes. Episodes are
@@ -44,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.batches_in_flight = 2
   c.rl.rows_per_update = 32
   c.rl.buckets = (128, 256)
-  c.optim.learning_rate = 5e-4
+  c.optim.learning_rate = 2e-4
+  c.optim.warmup_steps = 5
 
   c.correction.enabled = True
   c.correction.target = "outcome"

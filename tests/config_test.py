@@ -50,10 +50,20 @@ class ConfigTest(parameterized.TestCase):
       ("sum_norm", {"loss": {"aggregation": "seq_mean_token_sum_norm"}},
        r"config\.loss\.max_tokens must be > 0"),
       ("section", {"rl": 3}, r"config\.rl must be a section"),
+      ("rules", {"mesh": {"logical_axis_rules": (("embed", "fsdp,model"),)}},
+       r"config\.mesh\.logical_axis_rules\[0\] must name mesh axes"),
   )
   def test_errors_name_the_field(self, data, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
       config_lib.from_config_dict(data)
+
+  def test_mesh_rules(self):
+    cfg = config_lib.from_config_dict(
+        {"mesh": {"logical_axis_rules": (("batch", "data,fsdp"), ("embed", ""),
+                                         ("mlp", "tensor"))}})
+    self.assertEqual(cfg.mesh.rules(), (("batch", ("data", "fsdp")), ("embed", None),
+                                        ("mlp", "tensor")))
+    self.assertIsNone(config_lib.TrainConfig().mesh.rules())
 
   def test_override_like_command_line(self):
     c = tiny_codegen.get_config()

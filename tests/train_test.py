@@ -129,6 +129,11 @@ class TrainTest(parameterized.TestCase):
     last = _rows(workdir)[-1]
     self.assertGreater(last["counts/errors/hypothesis"], 0)  # The raising reward.
     self.assertGreater(last["counts/timeout"], 0)  # The hanging programs.
+    # Shapes are bucketed: one bucket, so the (cached) update step compiled once.
+    comp = train.build(cfg, pool=self.pool)
+    update = learner.make_update_step(comp.graphdef, cfg, learner.make_optimizer(cfg.optim),
+                                      shardings=comp.shardings)
+    self.assertEqual(update.num_traces, 1)
 
   def test_resume_equals_uninterrupted(self):
     # A pool of 2 training tasks and one task per batch: epochs end every 2 batches.
