@@ -227,6 +227,9 @@ class MetricsWriter:
     row = {k: (float(v) if isinstance(v, (np.ndarray, np.generic, jax.Array)) else v)
            for k, v in row.items()}
     self.history.append(row)
+    # Every process, primary or not, can show its rows (`--verbosity=1`): multi-host runs
+    # compare them.
+    logging.vlog(1, "metrics %s", json.dumps(row))
     if "eval/pass@1" in row:
       self.pass1 = row["eval/pass@1"]
     if not self.primary:
