@@ -639,6 +639,10 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, read_roots, getframe_
   import time  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   workdir = os.path.join(root, "job%d" % counter)
+  if os.path.islink(workdir):
+    os.unlink(workdir)
+  elif os.path.lexists(workdir):  # Left by a server that died mid-job: job numbers restart.
+    _remove_tree(workdir)
   os.mkdir(workdir, 0o700)
   if uid >= 0:
     os.chown(workdir, uid, uid)
