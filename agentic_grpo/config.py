@@ -97,10 +97,13 @@ class WorkflowSection:
   """Agent workflow: which stages, in order, and whether they are rewarded on completion.
 
   `stage_rewards=False` is outcome-only GRPO: the same episodes, updated only once the final
-  reward is known. `max_new_tokens` bounds every stage's generation.
+  reward is known. `max_new_tokens` bounds every stage's generation. `reference_debug` is what
+  the warm-start's reference episodes write in debug stages: `keep` or `restate` (the reference
+  code again).
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
+  reference_debug: str = "keep"
   num_agent_tests: int = 2
   stage_rewards: bool = True
   max_new_tokens: int = 64
@@ -111,6 +114,7 @@ class WorkflowSection:
            self.stages)
     _check(self.max_debug_rounds >= 0, f"{path}.max_debug_rounds", "must be >= 0",
            self.max_debug_rounds)
+    _choice(f"{path}.reference_debug", self.reference_debug, ("keep", "restate"))
     _check(self.num_agent_tests >= 1, f"{path}.num_agent_tests", "must be >= 1",
            self.num_agent_tests)
     _check(self.max_new_tokens >= 1, f"{path}.max_new_tokens", "must be >= 1",

@@ -126,7 +126,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   counting = loop_lib.CountingPool(pool)
   wf_config = workflow_lib.WorkflowConfig(
       stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
-      num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards)
+      num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards,
+      reference_debug=cfg.workflow.reference_debug)
   cls = workflow_factory or workflow_lib.Workflow
   make = lambda pool, score_stages=cfg.workflow.stage_rewards: cls(
       dataclasses.replace(wf_config, score_stages=score_stages), pool)
