@@ -46,6 +46,7 @@ list with `process_slice`.
 from collections.abc import Mapping, Sequence
 import dataclasses
 import functools
+import json
 import os
 from typing import Any, Callable, Optional, Union
 
@@ -59,6 +60,7 @@ import ml_collections
 import numpy as np
 
 from agentic_grpo import learner
+from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import transformer
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -625,10 +627,16 @@ def put_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = None
 def shard_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = None) -> Any:
   """Turns each process's host batch into global arrays sharded over the mesh.
 
-  Every leaf is this process's rows: `[n_local, ...]` with `n_local = n /
-  process_count()`; the global array has `n` rows split by the `batch` rule.
-  With one process it is `jax.device_put` with `batch_sharding`.
-  Leaves that are 0-d are replicated (each process must pass the same value).
+  Every leaf is this process's rows: `[n_local, ...]`, the same `n_local` in
+  every process; the global array has `n = n_local * process_count()` rows
+  split by the `batch` rule (`batch_sharding`). When that split gives each
+  process exactly `n_local` rows of its own, they are this process's rows
+  (`jax.make_array_from_process_local_data`; which global rows they are
+  follows the device order, and `local_rows` reads them back). Otherwise
+  (e.g. rows not split across processes, as on a `tensor`-only mesh) the
+  rows of all processes are gathered first, in process order. With one
+  process it is `jax.device_put` with `batch_sharding`. Leaves that are 0-d
+  are replicated (each process must pass the same value).
 
   Args:
     batch: pytree of numpy / JAX arrays (process-local rows).
@@ -639,25 +647,80 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Optional[Rules] = No
     The same pytree of global `jax.Array`s.
 
   Raises:
-    ValueError: a leaf whose global row count the batch mesh axes cannot
-      split evenly across processes.
+    ValueError: leaves whose row counts differ between processes (raised
+      by JAX in `process_allgather`, naming the shapes).
   """
   n_proc = jax.process_count()
 
-  def put(path, x):
+  def put(x):
     x = np.asarray(x)
     if x.ndim == 0:
       return jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x, x.shape)
     global_shape = (x.shape[0] * n_proc,) + x.shape[1:]
     sharding = batch_sharding(mesh, global_shape, rules)
-    if n_proc > 1 and sharding.spec[0] is None:
-      raise ValueError(
-          f"batch leaf {jax.tree_util.keystr(path)} with {global_shape[0]} global rows cannot "
-          f"be split over the batch mesh axes {dict(mesh.shape)}: make the global batch a "
-          f"multiple of data*fsdp")
-    return jax.make_array_from_process_local_data(sharding, x, global_shape)
+    if n_proc == 1 or _own_row_blocks(sharding, global_shape) is not None:
+      return jax.make_array_from_process_local_data(sharding, x, global_shape)
+    everything = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.make_array_from_process_local_data(sharding, everything, global_shape)
 
-  return jax.tree_util.tree_map_with_path(put, batch)
+  return jax.tree.map(put, batch)
+
+
+def _own_row_blocks(sharding: jax.sharding.Sharding, global_shape: Sequence[int]
+                    ) -> Optional[list[tuple[int, int]]]:
+  """This process's row blocks `[(start, stop), ...]` (sorted) when `sharding` gives every
+  process `rows / process_count` rows of its own, disjoint from the others'; else None."""
+  n_proc = jax.process_count()
+  rows = int(global_shape[0])
+  blocks: dict[int, set] = {}
+  for device, index in sharding.devices_indices_map(tuple(global_shape)).items():
+    start, stop, _ = index[0].indices(rows) if index else (0, rows, 1)
+    blocks.setdefault(device.process_index, set()).add((start, stop))
+  counts = {p: sum(b - a for a, b in bs) for p, bs in blocks.items()}
+  covered = set()
+  for bs in blocks.values():
+    for a, b in bs:
+      covered.update(range(a, b))
+  if (len(blocks) != n_proc or rows % n_proc or len(covered) != rows
+      or any(c != rows // n_proc for c in counts.values())):
+    return None
+  return sorted(blocks[jax.process_index()])
+
+
+def local_rows(tree: Any) -> Any:
+  """This process's rows of global row-split arrays, as NumPy: the inverse of `shard_batch`.
+
+  For `[n, ...]` arrays placed by `shard_batch` (or produced by a `jit` with the same row
+  sharding) this gives back the `[n / process_count, ...]` rows the process contributed, in
+  the order it contributed them. With one process it is `jax.device_get`; host arrays are
+  returned as they are.
+
+  Raises:
+    ValueError: a leaf whose row count is not a multiple of the process count.
+  """
+  n_proc = jax.process_count()
+
+  def get(x):
+    if not isinstance(x, jax.Array) or n_proc == 1 or x.ndim == 0:
+      return fetch(x)
+    rows = x.shape[0]
+    if rows % n_proc:
+      raise ValueError(f"rows ({rows}) must be a multiple of the process count {n_proc}")
+    blocks = _own_row_blocks(x.sharding, x.shape)
+    if blocks is None:  # `shard_batch` gathered the rows in process order
+      n, p = rows // n_proc, jax.process_index()
+      return fetch(x)[p * n:(p + 1) * n]
+    pieces = {}
+    for shard in x.addressable_shards:
+      start, stop, _ = shard.index[0].indices(rows)
+      if all(s.indices(d)[:2] == (0, d) for s, d in zip(shard.index[1:], x.shape[1:])):
+        pieces.setdefault((start, stop), shard.data)
+    if all(b in pieces for b in blocks):
+      return np.concatenate([np.asarray(pieces[b]) for b in blocks])
+    everything = fetch(x)  # rows split further along other dimensions
+    return np.concatenate([everything[a:b] for a, b in blocks])
+
+  return jax.tree.map(get, tree)
 
 
 def _kv_cache_axes(model_config: transformer.ModelConfig) -> tuple[str, ...]:
@@ -697,6 +760,34 @@ def kv_cache_shardings(model_config: transformer.ModelConfig, mesh: MeshLike,
   layers = len(abstract.k)
   return transformer.KVCache(k=(kv,) * layers, v=(kv,) * layers, valid=valid,
                              index=NamedSharding(mesh, P()))
+
+
+def sampler_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.Mesh,
+                      rules: Optional[Rules] = None) -> sampler_lib.Shardings:
+  """The sampler's shardings on `mesh` (`sampler.sample(..., shardings=)`).
+
+  Parameters as the learner holds them (`shard_model`); prompt rows and outputs split by the
+  `batch` rule as far as the global row count allows (`batch_sharding`); the KV cache by
+  `kv_cache_shardings` (rows over the batch axes, key/value heads over `tensor` where they
+  divide, slots and head width whole); host rows placed with `shard_batch` (process-local
+  rows in a multi-process run). Cached: the same arguments give the same object, so the
+  sampler's compiled programs are reused.
+
+  Raises:
+    ValueError: `model_config` is not a `ModelConfig`, or bad `rules`.
+  """
+  return _sampler_shardings(model_config, mesh, canonical_rules(rules))
+
+
+@functools.lru_cache(maxsize=8)
+def _sampler_shardings(model_config, mesh, rules) -> sampler_lib.Shardings:
+  sm = shard_model(model_config, mesh, rules)
+  rows = functools.lru_cache(maxsize=None)(
+      lambda n: NamedSharding(mesh, logical_to_spec(("batch",), (n,), mesh, rules)))
+  cache = functools.lru_cache(maxsize=None)(
+      lambda n, slots: kv_cache_shardings(model_config, mesh, n, slots, rules))
+  return sampler_lib.Shardings(params=sm.param_shardings, rows=rows, cache=cache,
+                               put_rows=lambda tree: shard_batch(tree, mesh, rules))
 
 
 # ---------------------------------------------------------------- jitted functions
@@ -867,3 +958,38 @@ def fetch(tree: Any) -> Any:
 def is_primary() -> bool:
   """True in the process that writes logs and metrics (process 0)."""
   return jax.process_index() == 0
+
+
+def host_allgather(x: Any) -> np.ndarray:
+  """Every process's value of a host array, stacked: `[process_count, *x.shape]`.
+
+  A collective (`multihost_utils.process_allgather`): every process must call it at the same
+  point of the program with the same shape and dtype. With one process it is `x[None]`, with
+  no device work. Use it for the small agreements a multi-process run needs (how many rows are
+  ready, which length bucket, whether to stop).
+  """
+  x = np.asarray(x)
+  if jax.process_count() == 1:
+    return x[None]
+  return np.asarray(multihost_utils.process_allgather(x, tiled=False)).reshape(
+      (jax.process_count(),) + x.shape)
+
+
+def allgather_json(obj: Any) -> list[Any]:
+  """Every process's JSON-serialisable `obj`, in process order (a collective).
+
+  For host-side metrics and counters whose keys may differ between processes. The encoded
+  bytes are padded to a power of two, so that few gather programs are compiled.
+
+  Raises:
+    TypeError: `obj` is not JSON-serialisable.
+  """
+  if jax.process_count() == 1:
+    return [obj]
+  data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+  lengths = host_allgather(np.int64(data.size))
+  width = 1 << max(6, int(lengths.max() - 1).bit_length())
+  padded = np.zeros((width,), np.uint8)
+  padded[:data.size] = data
+  everything = host_allgather(padded)
+  return [json.loads(bytes(everything[p, :int(n)]).decode()) for p, n in enumerate(lengths)]

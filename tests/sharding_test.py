@@ -5,11 +5,13 @@ one device. Tolerances: parameters initialised under `jit(out_shardings=)` are
 bit-identical; log-probs and update-step outputs differ only by the order of
 float32 reductions that XLA splits across devices, bounded by 2e-5 absolute
 (log-probs of ~|4|) and 1e-5 relative-to-scale for updated parameters;
-greedy sampling must produce the same tokens.
+greedy sampling must produce the same tokens (behaviour log-probs within 2e-5
+absolute), with its KV cache sharded as the rules say.
 """
 
 import functools
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -23,6 +25,7 @@ import numpy as np
 import optax
 
 from agentic_grpo import sharding
+from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 
 # Widths chosen so that every mesh axis size used below divides vocab, embed,
@@ -65,6 +68,25 @@ def _reference():
   lp = jax.jit(transformer.sequence_logprobs, static_argnums=0)(
       graphdef, params, tokens, positions, mask)
   return graphdef, params, (np.asarray(tokens), np.asarray(positions), np.asarray(mask)), lp
+
+
+_NEW = 6
+
+
+def _prompts(variant=0):
+  rng = np.random.default_rng(3 + variant)
+  lengths = np.array([[5, 3, 8, 1, 6, 8, 2, 4], [2, 7, 7, 3, 1, 5, 8, 6]][variant], np.int32)
+  prompts = rng.integers(0, _CONFIG.vocab_size, (_N, 8)).astype(np.int32)
+  prompts[np.arange(8)[None, :] >= lengths[:, None]] = 0
+  return prompts, lengths
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_samples():
+  """One-device greedy samples of both prompt variants."""
+  graphdef, params, _, _ = _reference()
+  return [jax.device_get(sampler.sample(graphdef, params, *_prompts(v), jax.random.key(5 + v),
+                                        max_new_tokens=_NEW, greedy=True)) for v in (0, 1)]
 
 
 class MeshTest(parameterized.TestCase):
@@ -277,6 +299,55 @@ class ShardedModelTest(parameterized.TestCase):
                                 jax.tree.map(np.asarray, _INITIAL[0]))
     self.assertEqual(params["embed"].get_value().sharding.spec, P("tensor", "fsdp"))
 
+  @parameterized.named_parameters(*MESHES)
+  def test_greedy_sampling_equals_one_device_with_cache_sharded_by_rules(self, shape):
+    graphdef, ref_params, _, _ = _reference()
+    want = _reference_samples()
+    mesh = sharding.make_mesh(shape)
+    sizes = dict(mesh.shape)
+    shardings = sharding.sampler_shardings(_CONFIG, mesh)
+    self.assertIs(sharding.sampler_shardings(_CONFIG, mesh), shardings)  # cached by value
+    params = sharding.device_put_params(ref_params, sharding.shard_model(_CONFIG, mesh))
+    # The rules: cache rows over data*fsdp, the 2 kv heads over tensor where it divides them.
+    kv = "tensor" if _CONFIG.n_kv_heads % sizes["tensor"] == 0 else None
+    self.assertEqual(shardings.cache(_N, 16 + _NEW).k[0].spec,
+                     P(("data", "fsdp"), kv, None, None))
+    self.assertEqual(shardings.cache(_N, 16).valid.spec, P(("data", "fsdp"), None))
+    # What the compiled program holds (mesh axes of size 1 do not show).
+    rows = tuple(a for a in ("data", "fsdp") if sizes[a] > 1)
+    effective = [rows[0] if len(rows) == 1 else rows or None,
+                 kv if kv and sizes[kv] > 1 else None]
+    while effective and effective[-1] is None:
+      effective.pop()
+
+    seen = []
+    real_apply = transformer.apply
+
+    def spy(graphdef, params, tokens, positions, cache=None, *args, **kwargs):
+      slots = cache.k[0].shape[2]
+      jax.debug.inspect_array_sharding(cache.k[0], callback=lambda s: seen.append((slots, s)))
+      return real_apply(graphdef, params, tokens, positions, cache, *args, **kwargs)
+
+    sampler._sharded_jit.cache_clear()
+    counted = chex.assert_max_traces(sampler._sample_impl, n=1)
+    with mock.patch.object(transformer, "apply", spy), \
+         mock.patch.object(sampler, "_sample_impl", counted):
+      for v in (0, 1):  # other lengths and key, same bucket: no recompilation
+        out = sampler.sample(graphdef, params, *_prompts(v), jax.random.key(5 + v),
+                             max_new_tokens=_NEW, greedy=True, shardings=shardings)
+        np.testing.assert_array_equal(np.asarray(out.tokens), want[v].tokens)
+        np.testing.assert_array_equal(np.asarray(out.lengths), want[v].lengths)
+        np.testing.assert_allclose(np.asarray(out.logprobs), want[v].logprobs, atol=2e-5,
+                                   rtol=0)
+        for field in out:
+          self.assertEqual(field.sharding.spec, P(("data", "fsdp")))
+    chex.clear_trace_counter()
+    self.assertEqual(sorted(s for s, _ in seen), [16, 16 + _NEW])  # prefill, decode
+    for slots, got in seen:
+      self.assertEqual(got.spec, P(*effective), slots)
+      self.assertTrue(got.is_equivalent_to(shardings.cache(_N, slots).k[0], 4), slots)
+    self.assertGreater(float(np.abs(want[0].logprobs).max()), 0.1)  # non-trivial log-probs
+
   def test_kv_cache_shardings(self):
     mesh = sharding.make_mesh((2, 2, 2))
     cache_sh = sharding.kv_cache_shardings(_CONFIG, mesh, batch_size=8, max_len=16)
@@ -328,6 +399,18 @@ class BatchTest(absltest.TestCase):
     self.assertIsInstance(got["x"], np.ndarray)
     np.testing.assert_array_equal(got["x"], np.arange(24.0).reshape(8, 3))
     self.assertEqual(int(got["n"]), 3)
+
+  def test_local_rows_inverts_shard_batch(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    batch = {"x": np.arange(8 * 3).reshape(8, 3), "y": np.arange(8.0), "n": np.int32(4)}
+    back = sharding.local_rows(sharding.shard_batch(batch, mesh))
+    for k, v in batch.items():
+      np.testing.assert_array_equal(back[k], v)
+      self.assertIsInstance(back[k], np.ndarray)
+
+  def test_gathers_in_one_process(self):
+    np.testing.assert_array_equal(sharding.host_allgather(np.array([3, 5])), [[3, 5]])
+    self.assertEqual(sharding.allgather_json({"a": [1, 2.5]}), [{"a": [1, 2.5]}])
 
   def test_logprobs_reject_rows_not_divisible(self):
     _, ref_params, (tokens, positions, mask), _ = _reference()

@@ -20,9 +20,21 @@ Shapes are static per call: prompts are padded to a bucket (powers of two by
 default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
 `greedy`, whether top-p is on, and stop-table shapes reuse one compiled
 program; `temperature`, the `top_p` value, the RNG and the stop ids are traced.
+
+Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
+`sharding.sampler_shardings`) the sampler is jitted with explicit
+`in_shardings`/`out_shardings`: parameters as the learner holds them, prompt
+rows and every `[N, ...]` output split over the mesh's batch axes, and the KV
+cache (created inside the program) constrained to its own sharding (rows
+over the batch axes, key/value heads over `tensor` where they divide). In a
+multi-process run each process passes its own rows; the program runs on the
+global batch of every process's rows and returns global arrays (take this
+process's rows back with `sharding.local_rows`).
 """
 
-from typing import NamedTuple, Optional, Sequence, Union
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from flax import nnx
 import jax
@@ -52,6 +64,28 @@ class SampleOutput(NamedTuple):
   lengths: jax.Array
   finish_reason: jax.Array
   logprobs: jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Shardings:
+  """Where the sampler's arrays live on a mesh (see `sharding.sampler_shardings`).
+
+  Compared and hashed by identity: build it once per mesh (the jitted
+  programs are cached on it).
+
+  Attributes:
+    params: pytree of `Sharding`s matching the parameters (`jit` in_shardings).
+    rows: `n -> Sharding` of `[n, ...]` row arrays (prompts, lengths, stop
+      tables, every `SampleOutput` field), `n` the global row count.
+    cache: `(n, slots) -> KVCache` of `Sharding`s of
+      `transformer.init_cache(config, n, slots)`.
+    put_rows: pytree of this process's `[n_local, ...]` NumPy rows -> pytree of
+      global arrays of `n_local * process_count` rows sharded by `rows`.
+  """
+  params: Any
+  rows: Callable[[int], jax.sharding.Sharding]
+  cache: Callable[[int, int], transformer.KVCache]
+  put_rows: Callable[[Any], Any]
 
 
 @jax.jit
@@ -126,6 +160,15 @@ def encode_stop_strings(tokenizer, stop_strings: Sequence[str]) -> list[list[int
   return out
 
 
+def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) -> int:
+  """The padded prompt width `sample` uses for a longest prompt of `length` tokens.
+
+  Raises:
+    ValueError: `length` exceeds the largest bucket.
+  """
+  return _bucket(length, buckets)
+
+
 def _bucket(length: int, buckets: Sequence[int]) -> int:
   for b in sorted(buckets):
     if b >= length:
@@ -189,18 +232,29 @@ def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
 
 
 def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
-                 stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p):
-  """Jitted body of `sample`; see there."""
+                 stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p,
+                 cache_shardings=None):
+  """Jitted body of `sample`; see there.
+
+  `cache_shardings`: None, or `(n, slots) -> KVCache` of shardings that the
+  prefill and decode caches are constrained to.
+  """
   config = nnx.merge(graphdef, params).config
   n, p = prompts.shape
   t_max = max_new_tokens
+
+  def place(cache):
+    if cache_shardings is None:
+      return cache
+    return jax.lax.with_sharding_constraint(cache, cache_shardings(n, cache.valid.shape[1]))
+
   seq_len = stop_seqs.shape[-1]
   # Prefill attends over the P prompt slots only; decoding uses P + T slots.
-  cache = transformer.init_cache(config, n, p)
+  cache = place(transformer.init_cache(config, n, p))
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
   prompt_mask = positions < prompt_lengths[:, None]
   logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask)
-  cache = transformer.extend_cache(cache, t_max)
+  cache = place(transformer.extend_cache(place(cache), t_max))
   last = logits[jnp.arange(n), prompt_lengths - 1]
   row_keys = jax.random.split(rng, n)
   seq_real = stop_seqs >= 0
@@ -247,6 +301,7 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
     i, prev, cache, state = carry
     pos = (prompt_lengths + i - 1)[:, None]
     logits, cache = transformer.apply(graphdef, params, prev[:, None], pos, cache)
+    cache = place(cache)
     tok, state = step(i, logits[:, 0], state)
     return i + 1, tok, cache, state
 
@@ -257,6 +312,23 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
 
 _STATIC_ARGNAMES = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p")
 _SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, top_k: int,
+                 greedy: bool, use_top_p: bool):
+  """`_sample_impl` jitted with explicit in/out shardings for `n` global rows."""
+  rows = shardings.rows(n)
+  rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
+
+  def fn(params, prompts, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs, pad_id):
+    return _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
+                        stop_ids, stop_seqs, pad_id, max_new_tokens=max_new_tokens,
+                        top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+                        cache_shardings=shardings.cache)
+
+  return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep),
+                 out_shardings=SampleOutput(rows, rows, rows, rows))
 
 
 def sample(
@@ -275,6 +347,7 @@ def sample(
     stop_sequences: Optional[Sequence] = None,
     pad_id: int = 0,
     prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+    shardings: Optional[Shardings] = None,
 ) -> SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts.
 
@@ -297,11 +370,19 @@ def sample(
       sequences (see `encode_stop_strings`).
     pad_id: id written past a row's length (may equal a stop id).
     prompt_buckets: allowed padded prompt widths; the smallest one that holds
-      the longest prompt is used.
+      the longest prompt is used. In a multi-process call every process must
+      arrive at the same bucket: pass the one agreed bucket.
+    shardings: run on a mesh with these shardings (see module docstring);
+      `params` must already be placed with `shardings.params`. `prompts`,
+      `prompt_lengths` and per-row stop tables are this process's rows
+      (host arrays); stop tables must have the same shapes in every process.
+      None: one `jit` that follows the arguments' placement.
 
   Returns:
     `SampleOutput` with `[N, max_new_tokens]` tokens and log-probs, `[N]`
-    lengths (stop tokens included) and finish reasons.
+    lengths (stop tokens included) and finish reasons. With `shardings`, N is
+    the global row count (`N_local * process_count`) and the fields are
+    global arrays with the `shardings.rows(N)` sharding.
 
   Raises:
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
@@ -338,6 +419,14 @@ def sample(
   for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
     if np.any(table >= config.vocab_size) or np.any(table < -1):
       raise ValueError(f"{name} must be ids in [0, {config.vocab_size}), got {table.tolist()}")
+  if shardings is not None:
+    rows = shardings.put_rows({"prompts": prompts.astype(np.int32),
+                               "lengths": prompt_lengths.astype(np.int32),
+                               "stop_ids": stop_ids, "stop_seqs": stop_seqs})
+    fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
+                      top_k, bool(greedy), bool(top_p < 1.0))
+    return fn(params, rows["prompts"], rows["lengths"], rng, np.float32(temperature),
+              np.float32(top_p), rows["stop_ids"], rows["stop_seqs"], np.int32(pad_id))
   return _SAMPLE_JIT(
       graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
       rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),
