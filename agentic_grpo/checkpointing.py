@@ -9,15 +9,27 @@ One checkpoint holds everything a run needs to continue as if it had never stopp
 * `meta`: a JSON document (phase, global step, data position, replay and loop bookkeeping,
   metric counters).
 
+Multi-process runs: every process calls `save` and `restore` at the same step. The learner state
+is one set of global arrays, written shard by shard by the processes that hold them (Orbax
+multi-host saving). Host state is per process (each process has its own replay, in-flight
+episodes and data position): each process's host arrays and meta are encoded into one byte row,
+and the rows form a global `[process_count, width]` uint8 array sharded one row per process,
+so that each process writes and reads back only its own row. The JSON `meta` item holds process
+0's meta (for inspection) and the process count; a checkpoint restores only into a run with the
+same number of processes.
+
 Saves are atomic: Orbax writes into a temporary directory and renames it only when every item is
 written, so a process killed during a save (even with SIGKILL) leaves the previous checkpoint as
 the latest restorable one; the half-written directory is ignored and cleaned up.
 """
 
+import io
+import json
 import os
 from typing import Any, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -26,6 +38,38 @@ _PAD = 1
 # Orbax refuses an empty tree; this entry (the host-state format version) is always saved.
 _FORMAT_KEY = "_format/version"
 _FORMAT_VERSION = 1
+# Meta keys the checkpointer writes itself.
+_RESERVED_META = ("host_shapes", "process_count", "host_blob_width")
+_META_ENTRY = "_meta"  # the per-process meta inside a process's host row
+
+
+def _process_row_sharding() -> jax.sharding.NamedSharding:
+  """`[process_count, ...]` arrays with row `p` on (all of) process `p`'s devices."""
+  count = jax.process_count()
+  devices = [[d for d in jax.devices() if d.process_index == p] for p in range(count)]
+  if len({len(d) for d in devices}) != 1:
+    raise ValueError(f"processes hold different numbers of devices "
+                     f"{[len(d) for d in devices]}; per-process host state needs equal counts")
+  mesh = jax.sharding.Mesh(np.array(devices), ("process", "device"))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("process"))
+
+
+def _encode_row(flat: dict[str, np.ndarray], meta: dict[str, Any]) -> np.ndarray:
+  """One process's host arrays and meta as bytes: 8-byte length, then an `.npz`."""
+  buf = io.BytesIO()
+  entries = dict(flat)
+  entries[_META_ENTRY] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+  np.savez(buf, **entries)
+  body = np.frombuffer(buf.getvalue(), np.uint8)
+  return np.concatenate([np.frombuffer(np.uint64(body.size).tobytes(), np.uint8), body])
+
+
+def _decode_row(row: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  size = int(np.frombuffer(row[:8].tobytes(), np.uint64)[0])
+  with np.load(io.BytesIO(row[8:8 + size].tobytes()), allow_pickle=False) as npz:
+    flat = {k: np.asarray(npz[k]) for k in npz.files}
+  meta = json.loads(flat.pop(_META_ENTRY).tobytes().decode())
+  return flat, meta
 
 
 def _pad(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -87,15 +131,24 @@ class Checkpointer:
       step: monotonically increasing checkpoint number (the run's global step).
       state: a pytree of arrays (the `TrainState`).
       host: `{group: {name: 1-D numpy array}}` host state (e.g. `{"replay": ...}`).
-      meta: JSON-serialisable dict. Its `host_shapes` entry is reserved.
+      meta: JSON-serialisable dict. Its keys `host_shapes`, `process_count` and
+        `host_blob_width` are reserved.
+
+    In a multi-process run `host` and `meta` are this process's own (see the module
+    docstring); every process must call `save`.
 
     Raises:
-      ValueError: a host array that is not 1-D, or a `meta` that reserves `host_shapes`.
+      ValueError: a host array that is not 1-D, a host group starting with `_`, or a `meta`
+        that uses a reserved key.
     """
-    if "host_shapes" in meta:
-      raise ValueError("meta must not contain the reserved key 'host_shapes'")
+    reserved = [k for k in _RESERVED_META if k in meta]
+    if reserved:
+      raise ValueError(f"meta must not contain the reserved keys {reserved}")
     if any(group.startswith("_") for group in host):
       raise ValueError(f"host groups must not start with '_', got {sorted(host)}")
+    if jax.process_count() > 1:
+      self._save_per_process(step, state, host, meta)
+      return
     flat = _flatten_host(host)
     flat[_FORMAT_KEY] = np.array([_FORMAT_VERSION], np.int32)
     flat = _pad(flat)
@@ -104,6 +157,28 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         host=ocp.args.StandardSave(flat),
         meta=ocp.args.JsonSave(meta)), force=True)
+    self._manager.wait_until_finished()
+
+  def _save_per_process(self, step, state, host, meta) -> None:
+    for group, arrays in host.items():
+      for name, v in arrays.items():
+        if np.ndim(v) != 1:
+          raise ValueError(f"host array {group + '/' + name!r} must be 1-D, got shape "
+                           f"{np.shape(v)}")
+    flat = _flatten_host(host)
+    flat[_FORMAT_KEY] = np.array([_FORMAT_VERSION], np.int32)
+    row = _encode_row(flat, meta)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int64(row.size)))
+    width = 1 << max(10, int(sizes.max() - 1).bit_length())
+    padded = np.zeros((1, width), np.uint8)
+    padded[0, :row.size] = row
+    rows = jax.make_array_from_process_local_data(_process_row_sharding(), padded,
+                                                  (jax.process_count(), width))
+    shared = dict(meta, process_count=jax.process_count(), host_blob_width=width)
+    self._manager.save(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        host_rows=ocp.args.StandardSave({"rows": rows}),
+        meta=ocp.args.JsonSave(shared)), force=True)
     self._manager.wait_until_finished()
 
   def restore(self, step: Optional[int], abstract_state: Any
@@ -116,10 +191,12 @@ class Checkpointer:
         dtype (and sharding): arrays or `jax.ShapeDtypeStruct`s.
 
     Returns:
-      `(state, host, meta)` as saved.
+      `(state, host, meta)` as saved; in a multi-process run, this process's own `host` and
+      `meta`.
 
     Raises:
       FileNotFoundError: when there is no checkpoint.
+      ValueError: the checkpoint was written by a different number of processes.
     """
     if step is None:
       step = self.latest_step()
@@ -127,9 +204,24 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     meta = self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore())).meta
+    written_by = int(meta.get("process_count", 1))
+    if written_by != jax.process_count():
+      raise ValueError(f"checkpoint {step} in {self.directory} holds the host state of "
+                       f"{written_by} processes; this run has {jax.process_count()}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    if written_by > 1:
+      sharding = _process_row_sharding()
+      rows = jax.ShapeDtypeStruct((written_by, int(meta["host_blob_width"])), np.uint8,
+                                  sharding=sharding)
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract),
+          host_rows=ocp.args.StandardRestore({"rows": rows})))
+      row = np.asarray(restored.host_rows["rows"].addressable_shards[0].data)[0]
+      flat, own_meta = _decode_row(row)
+      flat.pop(_FORMAT_KEY)
+      return restored.state, _unflatten_host(flat), own_meta
     shapes = meta.pop("host_shapes")
     abstract_host = {k: np.zeros((n,), np.dtype(dt)) for k, (n, dt) in shapes.items()}
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract),
         host=ocp.args.StandardRestore(abstract_host)))

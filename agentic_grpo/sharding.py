@@ -975,6 +975,12 @@ def host_allgather(x: Any) -> np.ndarray:
       (jax.process_count(),) + x.shape)
 
 
+def _json_scalar(x):
+  if isinstance(x, (np.generic, np.ndarray)) and np.ndim(x) == 0:
+    return x.item()
+  raise TypeError(f"{type(x).__name__} is not JSON-serialisable")
+
+
 def allgather_json(obj: Any) -> list[Any]:
   """Every process's JSON-serialisable `obj`, in process order (a collective).
 
@@ -982,11 +988,11 @@ def allgather_json(obj: Any) -> list[Any]:
   bytes are padded to a power of two, so that few gather programs are compiled.
 
   Raises:
-    TypeError: `obj` is not JSON-serialisable.
+    TypeError: `obj` is not JSON-serialisable (NumPy scalars are accepted).
   """
   if jax.process_count() == 1:
     return [obj]
-  data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+  data = np.frombuffer(json.dumps(obj, sort_keys=True, default=_json_scalar).encode(), np.uint8)
   lengths = host_allgather(np.int64(data.size))
   width = 1 << max(6, int(lengths.max() - 1).bit_length())
   padded = np.zeros((width,), np.uint8)

@@ -23,6 +23,17 @@ staleness drops, corrections, errors, tokens/s, seconds, and `eval/...` when eva
 TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints` (everything needed to
 resume exactly: learner state, replay, in-flight episodes, data position), `config.json`, and
 `learning_curve.png` at the end. A run restarted with the same workdir resumes where it stopped.
+
+Multi-process runs (`jax.distributed`, one process per host): process `p` of `P` draws only its
+own tasks (training stream positions `p, p + P, ...`; warm-start batches and held-out tasks
+likewise split), runs its own episodes, sandbox work and `StagedReplay`, and contributes
+`rows_per_update / P` rows to each global update batch. Whatever must be the same everywhere is
+agreed with a small collective: per loop iteration, whether to update (every process has its
+share of rows ready, or the loop is about to sample and some process has rows) and the length
+bucket (the longest any process needs); per sampler call, the prompt bucket; per update, whether
+any process had a row. Logged rewards, counts and evaluation results are gathered from every
+process; process 0 writes them. Each process's replay, in-flight episodes and data position go
+into the checkpoint as its own row (`checkpointing`), so a restart resumes each process exactly.
 """
 
 import collections
@@ -83,7 +94,7 @@ class Components:
   model_config: transformer.ModelConfig
   graphdef: Any
   tasks: synthetic.SyntheticTasks
-  eval_tasks: list
+  eval_tasks: list  # this process's share of the held-out tasks (all of them in one process)
   pool: Any
   counting_pool: loop_lib.CountingPool
   workflow_factory: Callable[[], workflow_lib.Workflow]
@@ -118,7 +129,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
       seed=cfg.task.seed, depths=cfg.task.depths, string_prob=cfg.task.string_prob,
       ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden,
       split_by=cfg.task.split_by))
-  eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(cfg.task.eval_size)]
+  share = sharding.process_slice(cfg.task.eval_size)
+  eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
   if pool is None:
     pool = sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
         cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
@@ -165,20 +177,32 @@ def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
 
 
 def make_sample_fn(comp: Components, seed: int):
-  """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform."""
+  """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform.
+
+  Jitted over the run's mesh with explicit shardings (`sharding.sampler_shardings`). In a
+  multi-process run it is a collective: each process passes its own rows, the processes agree
+  on the prompt bucket (the longest prompt of any), one program samples every process's rows,
+  and each gets its own rows back.
+  """
   cfg = comp.cfg
   tok = comp.tokenizer
   wf = comp.workflow_factory()
   stop_ids = [tok.token_id(s) for s in wf.stop_tokens()]
   base = jax.random.key(seed)
+  shardings = sharding.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
 
   def sample_fn(params, prompts, lengths, counter, greedy):
     key = jax.random.fold_in(base, np.uint32(counter % (1 << 32)))
+    buckets = cfg.rl.buckets
+    if jax.process_count() > 1:
+      longest = int(sharding.host_allgather(np.int64(np.max(lengths))).max())
+      buckets = (sampler_lib.prompt_bucket(longest, cfg.rl.buckets),)
     out = sampler_lib.sample(
         comp.graphdef, params, prompts, lengths, key, max_new_tokens=cfg.workflow.max_new_tokens,
         temperature=cfg.rl.temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
-        stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=cfg.rl.buckets)
-    return jax.device_get((out.tokens, out.lengths, out.logprobs))
+        stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=buckets,
+        shardings=shardings)
+    return sharding.local_rows((out.tokens, out.lengths, out.logprobs))
 
   return sample_fn
 
@@ -310,28 +334,51 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k.
 
   Evaluation episodes score every stage (also for outcome-only runs) and count their sandbox
-  verdicts apart from training's (`eval/timeouts`).
+  verdicts apart from training's (`eval/timeouts`). In a multi-process run each process runs
+  its share of the held-out tasks (padded to the largest share, so that every process makes
+  the same sampler calls) and the per-task results of all processes are gathered: the metrics
+  are those of the whole held-out set, the same in every process.
   """
   cfg = comp.cfg
   t0 = time.time()
   counting = loop_lib.CountingPool(comp.pool)
   factory = lambda: comp.make_workflow(counting, score_stages=True)
-  final, stages = agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1,
+  own = len(comp.eval_tasks)
+  width = -(-cfg.task.eval_size // jax.process_count())  # tasks run by every process
+  padding = comp.eval_tasks[-1:] or [comp.tasks.task(cfg.task.eval_split, 0)]
+  tasks = list(comp.eval_tasks) + padding * (width - own)
+  gather = lambda x: _gather_task_rows(x, own, cfg.task.eval_size)
+  final, stages = agent.run_episodes(params, tasks, greedy=True, rng_counter=-1,
                                      workflow_factory=factory)
+  final = gather(final)
+  stages = {name: gather(r) for name, r in stages.items()}
   out = {"eval/pass@1": float(np.mean(final[:, 0] >= 1.0)),
          "eval/hidden_frac": float(np.mean(final[:, 0]))}
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
   n = cfg.eval.num_samples
   if sampled and n > 0:
-    final_s, _ = agent.run_episodes(params, comp.eval_tasks, greedy=False, repeats=n,
+    final_s, _ = agent.run_episodes(params, tasks, greedy=False, repeats=n,
                                     rng_counter=-(1 << 20), workflow_factory=factory)
+    final_s = gather(final_s)
     correct = (final_s >= 1.0).sum(axis=1)
     for k in cfg.eval.k:
       out[f"eval/pass@{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
-  out["eval/timeouts"] = float(counting.pop_counts().get("timeout", 0))
+  timeouts = np.int64(counting.pop_counts().get("timeout", 0))
+  out["eval/timeouts"] = float(sharding.host_allgather(timeouts).sum())
   out["eval/seconds"] = time.time() - t0
   return out
+
+
+def _gather_task_rows(x: np.ndarray, own: int, total: int) -> np.ndarray:
+  """Per-task results `[width, ...]` of every process (its first `own` rows real), joined in
+  task order: `[total, ...]`. The process shares are `sharding.process_slice(total)`."""
+  count = jax.process_count()
+  if count == 1:
+    return x[:own]
+  everything = sharding.host_allgather(x)
+  sizes = [len(range(total)[sharding.process_slice(total, p, count)]) for p in range(count)]
+  return np.concatenate([everything[p, :sizes[p]] for p in range(count)])
 
 
 # ------------------------------------------------------------------------------ the run
@@ -343,6 +390,27 @@ def _mean_rows(rows: list[dict[str, float]]) -> dict[str, float]:
     for k, v in r.items():
       acc[k].append(v)
   return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def _sum_rows(rows: list[dict[str, float]]) -> dict[str, list[float]]:
+  """`{key: [sum, count]}` of metric rows (to be merged across processes)."""
+  acc: dict[str, list[float]] = {}
+  for r in rows:
+    for k, v in r.items():
+      a = acc.setdefault(k, [0.0, 0])
+      a[0] += float(v)
+      a[1] += 1
+  return acc
+
+
+def _padding_batch(rows: int, length: int) -> dict[str, np.ndarray]:
+  """An update batch of padding rows only (weight 0, no loss token): a process's share of a
+  global batch when it had no ready row."""
+  return {"tokens": np.zeros((rows, length), np.int32),
+          "loss_mask": np.zeros((rows, length), bool),
+          "behaviour_logprobs": np.zeros((rows, length), np.float32),
+          "advantages": np.zeros((rows, length), np.float32),
+          "sample_weights": np.zeros((rows,), np.float32)}
 
 
 def run(config, workdir: str, *, pool=None, workflow_factory=None,
@@ -388,8 +456,20 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   rl_opt = learner.make_optimizer(cfg.optim)
   params0 = sharding.init_params(comp.sharded_model, comp.model_config,
                                  jax.random.key(cfg.seed))
-  put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys), comp.mesh,
-                                               cfg.mesh.rules())
+  n_proc = jax.process_count()
+  multi = n_proc > 1
+  if multi:
+    for name, value in (("rl.rows_per_update", cfg.rl.rows_per_update),
+                        ("warmstart.batch_size", cfg.warmstart.batch_size)):
+      if value % n_proc:
+        raise ValueError(f"config.{name} must be a multiple of the number of processes "
+                         f"({n_proc}), got {value}")
+  if multi:  # each process places its own rows of the global batch
+    put = lambda batch, keys: sharding.shard_batch(learner.to_device_batch(batch, keys),
+                                                   comp.mesh, cfg.mesh.rules())
+  else:
+    put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys),
+                                                 comp.mesh, cfg.mesh.rules())
   use_kl = cfg.loss.kl_beta > 0
 
   replay = replay_lib.StagedReplay(
@@ -401,10 +481,12 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
       pack_corrections=cfg.replay.pack_corrections)
   get_train = lambda i: comp.tasks.task("train", i)
-  rl_stream = loop_lib.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed)
+  shard = {"shard_index": jax.process_index(), "shard_count": n_proc}
+  rl_stream = loop_lib.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed,
+                                  **shard)
   ws_stream = loop_lib.TaskStream(
       (lambda i: get_train(i + _WARMSTART_OFFSET)) if not cfg.task.train_size else get_train,
-      pool_size=cfg.task.train_size, seed=cfg.seed + 1)
+      pool_size=cfg.task.train_size, seed=cfg.seed + 1, **shard)
   agent = loop_lib.AgentLoop(
       workflow_factory=comp.workflow_factory, tokenizer=comp.tokenizer, replay=replay,
       stream=rl_stream, sample_fn=make_sample_fn(comp, cfg.seed),
@@ -456,7 +538,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
     # ---- phase 1: warm-start
     if phase == "warmstart" and ws_steps:
       sft_step = learner.make_sft_step(comp.graphdef, cfg, ws_opt, shardings=sh)
-      bs = cfg.warmstart.batch_size
+      bs = cfg.warmstart.batch_size // n_proc  # this process's rows
 
       def host_batch(s):  # The batch of warm-start step s: a pure function of s.
         ws_stream.position = s * bs
@@ -497,52 +579,103 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       state = jax.device_put(learner.init_state(params, rl_opt, cfg.seed + 1), sh.state)
     if phase == "rl":
       update = learner.make_update_step(comp.graphdef, cfg, rl_opt, shardings=sh)
-      rows = cfg.rl.rows_per_update
+      rows = cfg.rl.rows_per_update // n_proc  # this process's rows of each update
       pending_rows: list[dict[str, float]] = []
+      harvest_rows: list[dict[str, float]] = []  # this process's episodes
       log_state = {"t": time.time(), "tokens": 0, "logged": -1}
 
       pending_updates: list[tuple[Any, dict[str, float]]] = []
+      totals = ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
+                "sign_reversals", "evicted_segments", "provisional_items", "correction_items")
 
       def log_rl(final: bool):
         nonlocal last_eval
         # Update metrics stay on device until here, so that host work overlaps the updates.
-        for m_dev, stats in jax.device_get(pending_updates):
+        updates = jax.device_get(pending_updates)
+        pending_updates.clear()
+        counters.update(comp.counting_pool.pop_counts())
+        counters.update(agent.pop_counts())
+        local = {"harvest": _sum_rows(harvest_rows), "counts": dict(counters),
+                 "loop": dict(agent.counters), "position": rl_stream.position,
+                 "epoch": rl_stream.epoch(),
+                 "stats": [{k: float(v) for k, v in stats.items()} for _, stats in updates],
+                 "replay": {k: replay.counters.get(k, 0) for k in totals}}
+        # Every process's numbers (one collective; itself alone in a one-process run).
+        everyone = sharding.allgather_json(local) if multi else [local]
+        for i, (m_dev, stats) in enumerate(updates):
+          if multi:  # the batch's rows came from every process
+            stats = collections.Counter()
+            for p in everyone:
+              stats.update(p["stats"][i])
+            stats["padding_fraction"] = float(np.mean([p["stats"][i]["padding_fraction"]
+                                                       for p in everyone]))
           pending_rows.append({f"loss/{k}": float(v) for k, v in m_dev.items()})
           pending_rows[-1].update({f"replay/{k}": float(v) for k, v in stats.items()})
-        pending_updates.clear()
         now = time.time()
         row = {"step": step, "phase": "rl", "seconds": now - t_start,
                "tokens_per_s": log_state["tokens"] / max(now - log_state["t"], 1e-9)}
-        row.update(_mean_rows(pending_rows))
-        for k in ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
-                  "sign_reversals", "evicted_segments", "provisional_items", "correction_items"):
-          row[f"replay/total_{k}"] = float(replay.counters.get(k, 0))
-        counters.update(comp.counting_pool.pop_counts())
-        counters.update(agent.pop_counts())
-        row.update({f"counts/{k}": float(v) for k, v in counters.items()})
-        row.update({f"loop/{k}": float(v) for k, v in agent.counters.items()})
-        row["loop/data_position"] = float(rl_stream.position)
-        row["loop/epoch"] = float(rl_stream.epoch())
+        if multi:
+          row.update(_mean_rows(pending_rows))
+          harvest = collections.defaultdict(lambda: [0.0, 0])
+          for p in everyone:
+            for k, (total, n) in p["harvest"].items():
+              harvest[k][0] += total
+              harvest[k][1] += n
+          row.update({k: total / n for k, (total, n) in harvest.items()})
+        else:
+          row.update(_mean_rows(harvest_rows + pending_rows))
+        for k in totals:
+          row[f"replay/total_{k}"] = float(sum(p["replay"][k] for p in everyone))
+        for group, prefix in (("counts", "counts"), ("loop", "loop")):
+          merged = collections.Counter()
+          for p in everyone:
+            merged.update(p[group])
+          row.update({f"{prefix}/{k}": float(v) for k, v in merged.items()})
+        row["loop/data_position"] = float(sum(p["position"] for p in everyone))
+        row["loop/epoch"] = float(min(p["epoch"] for p in everyone))
         if final or (cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0):
           last_eval = evaluate(comp, agent, state.params, sampled=final)
           row.update(last_eval)
         metrics.write(row)
         pending_rows.clear()
+        harvest_rows.clear()
         log_state.update(t=time.time(), tokens=0, logged=step)
 
       idle_batches = 0
+      buckets = cfg.rl.buckets
       while step < total and not stopping():
         version = step - ws_steps
-        flush = agent.phase == "sample" and replay.num_ready > 0
-        if replay.num_ready >= rows or flush:
-          batch = replay.take(rows, version, cfg.rl.buckets)
-          if batch is None:
+        if multi:
+          # The processes agree on whether to update and on the length bucket.
+          ready = replay.num_ready
+          want = (sampler_lib.prompt_bucket(replay.ready_lengths()[0], cfg.rl.buckets)
+                  if ready else 0)
+          agreed = sharding.host_allgather(np.array([ready, want, idle_batches], np.int64))
+          if cfg.rl.max_idle_batches and agreed[:, 2].min() >= cfg.rl.max_idle_batches:
+            logging.warning("%d episode batches in a row gave no learning signal on every "
+                            "process (all advantages 0); ending the RL phase at step %d",
+                            int(agreed[:, 2].min()), step)
+            counters["rl_ended_without_signal"] += int(jax.process_index() == 0)
+            break
+          go = agreed[:, 0].min() >= rows or (agent.phase == "sample" and agreed[:, 0].max() > 0)
+          buckets = (int(agreed[:, 1].max()),)
+        else:
+          go = replay.num_ready >= rows or (agent.phase == "sample" and replay.num_ready > 0)
+        if go:
+          batch = replay.take(rows, version, buckets) if replay.num_ready else None
+          if multi and not sharding.host_allgather(np.int64(batch is not None)).any():
+            continue  # no process has a row with a loss token
+          if batch is None and not multi:
             continue
-          state, m = update(state, put(batch, learner.BATCH_KEYS), ref_params)
+          stats = batch.stats if batch is not None else {
+              "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0}
+          device_batch = put(batch if batch is not None else _padding_batch(rows, buckets[0]),
+                             learner.BATCH_KEYS)
+          state, m = update(state, device_batch, ref_params)
           step += 1
           idle_batches = 0
-          pending_updates.append((m, batch.stats))
-          log_state["tokens"] += int(batch.loss_mask.size)
+          pending_updates.append((m, stats))
+          log_state["tokens"] += int(device_batch["loss_mask"].size)
           eval_due = cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0
           if (step % cfg.log.every == 0 or eval_due) and step < total:
             log_rl(final=False)
@@ -552,10 +685,11 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           continue
         harvested = agent.step(state.params, version)
         if harvested:
-          pending_rows.append(harvested)
+          harvest_rows.append(harvested)
           if "reward/final" in harvested:
             idle_batches += 1
-            if cfg.rl.max_idle_batches and idle_batches >= cfg.rl.max_idle_batches:
+            if (cfg.rl.max_idle_batches and idle_batches >= cfg.rl.max_idle_batches
+                and not multi):  # (multi-process: agreed at the top of the loop)
               logging.warning("%d episode batches in a row gave no learning signal (all "
                               "advantages 0); ending the RL phase at step %d", idle_batches, step)
               counters["rl_ended_without_signal"] += 1

@@ -112,6 +112,37 @@ class LoopTest(absltest.TestCase):
     unlimited = loop_lib.TaskStream(lambda i: i * 10)
     self.assertEqual(unlimited.take(3), ([0, 1, 2], [0, 10, 20]))
 
+  def test_task_stream_shards_are_disjoint_and_cover_the_stream(self):
+    whole = loop_lib.TaskStream(lambda i: i, pool_size=6, seed=2)
+    want = whole.take(12)
+    shards = [loop_lib.TaskStream(lambda i: i, pool_size=6, seed=2, shard_index=p,
+                                  shard_count=3) for p in range(3)]
+    got = [s.take(2) + s.take(2) for s in shards]  # two takes each: (pos, tasks, pos, tasks)
+    positions = [g[0] + g[2] for g in got]
+    for p, pos in enumerate(positions):
+      self.assertEqual(pos, [p, p + 3, p + 6, p + 9])
+      self.assertEqual(shards[p].position, 4)
+      self.assertEqual(got[p][1] + got[p][3], [want[1][q] for q in pos])
+      self.assertEqual(shards[p].at(pos), got[p][1] + got[p][3])
+    self.assertEqual(sorted(sum(positions, [])), want[0])
+    self.assertEqual([s.epoch() for s in shards], [2, 2, 2])  # 12 of a 6-task pool drawn
+    for kwargs, message in (({"shard_count": 0}, "shard_count"),
+                            ({"shard_index": 2, "shard_count": 2}, "shard_index")):
+      with self.assertRaisesRegex(ValueError, message):
+        loop_lib.TaskStream(lambda i: i, **kwargs)
+
+  def test_sharded_loops_draw_disjoint_tasks(self):
+    seen = []
+    for p in range(2):
+      agent, _, _ = self._loop(ScriptedSampler(), in_flight=2)
+      agent.stream = loop_lib.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1,
+                                         shard_index=p, shard_count=2)
+      for _ in range(4):  # starts both batches in flight (B tasks each)
+        agent.step(None, 0)
+      seen.append([q for slot in agent.slots for q in slot.positions])
+      self.assertEqual(agent.state_dict()[1]["stream_position"], 2 * B)
+    self.assertEqual(seen, [[0, 2, 4, 6], [1, 3, 5, 7]])
+
   def test_stages_feed_replay_tokens_in_tokens_out(self):
     sampler = ScriptedSampler()
     agent, replay, _ = self._loop(sampler, in_flight=1)

@@ -26,6 +26,14 @@ episodes as generated tokens, RNG counter, task-stream position) round-trips thr
 `state_dict`, and restoring replays the workflow on the recorded outputs, resubmitting any job
 that was in flight.
 
+Multi-process runs: every process runs its own `AgentLoop` on its own shard of the task stream
+(`TaskStream(shard_index=, shard_count=)`), with its own sandbox work and its own replay. The
+loop takes no decision from other processes' state, but its `sample_fn` is a collective there
+(one sampler program over every process's rows), so all processes must call `step` (and
+`run_episodes`) in lock-step: the same number of times, in the same order. The state machine
+(phase, cursor) advances identically everywhere, whatever the sandbox results, so a trainer
+that agrees on when to update keeps them in step.
+
 Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
 verdicts (timeouts, memory, crashes) are counted by `CountingPool`; a sandbox job that fails as
 a whole abandons its batch (its remaining stages are reported as skipped and its final rewards
@@ -35,6 +43,7 @@ as 0, which nets out its provisional updates) and is counted. None of these stop
 import collections
 import concurrent.futures
 import dataclasses
+import json
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -52,30 +61,49 @@ SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, 
 
 
 class TaskStream:
-  """A deterministic, resumable stream of training tasks.
+  """A deterministic, resumable stream of training tasks, optionally one shard of it.
 
-  With `pool_size == 0` task `p` of the stream is `get_task(p)`; otherwise the stream cycles over
-  a finite pool of `pool_size` tasks, visiting them in a fresh seeded order every epoch. The
-  data position is the number of tasks drawn so far.
+  With `pool_size == 0` task `q` of the stream is `get_task(q)`; otherwise the stream cycles over
+  a finite pool of `pool_size` tasks, visiting them in a fresh seeded order every epoch.
+
+  Sharding (multi-process runs): shard `i` of `n` draws the global stream positions
+  `i, i + n, i + 2n, ...`, so shards are disjoint and together draw exactly what one unsharded
+  stream draws. `position` (the resumable data position) counts the tasks this shard has
+  drawn; `take` and `at` speak in global stream positions.
 
   Args:
     get_task: index -> `Task` (random access into a task source's split).
     pool_size: size of the finite pool (0 = unlimited).
     seed: seed of the per-epoch orders.
+    shard_index: this shard, in `[0, shard_count)` (e.g. `jax.process_index()`).
+    shard_count: number of shards (e.g. `jax.process_count()`).
+
+  Raises:
+    ValueError: a negative `pool_size`, `shard_count < 1` or `shard_index` outside
+      `[0, shard_count)`.
   """
 
   def __init__(self, get_task: Callable[[int], task_lib.Task], *, pool_size: int = 0,
-               seed: int = 0):
+               seed: int = 0, shard_index: int = 0, shard_count: int = 1):
     if pool_size < 0:
       raise ValueError(f"pool_size must be >= 0, got {pool_size}")
+    if shard_count < 1:
+      raise ValueError(f"shard_count must be >= 1, got {shard_count}")
+    if not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index must be in [0, {shard_count}), got {shard_index}")
     self._get_task = get_task
     self.pool_size = int(pool_size)
     self.seed = int(seed)
+    self.shard_index, self.shard_count = int(shard_index), int(shard_count)
     self.position = 0
     self._order_epoch, self._order = -1, None
 
+  def global_position(self, local: int) -> int:
+    """Global stream position of this shard's `local`-th task."""
+    return local * self.shard_count + self.shard_index
+
   def index(self, position: int) -> int:
-    """Source index of the task at stream `position`."""
+    """Source index of the task at global stream `position`."""
     if not self.pool_size:
       return position
     epoch, within = divmod(position, self.pool_size)
@@ -85,17 +113,17 @@ class TaskStream:
     return int(self._order[within])
 
   def epoch(self) -> int:
-    """Epochs completed (0 for an unlimited stream)."""
-    return self.position // self.pool_size if self.pool_size else 0
+    """Epochs completed (0 for an unlimited stream): those before this shard's next task."""
+    return self.global_position(self.position) // self.pool_size if self.pool_size else 0
 
   def take(self, n: int) -> tuple[list[int], list[task_lib.Task]]:
-    """The next `n` tasks and their stream positions."""
-    positions = list(range(self.position, self.position + n))
+    """This shard's next `n` tasks and their global stream positions."""
+    positions = [self.global_position(q) for q in range(self.position, self.position + n)]
     self.position += n
     return positions, [self._get_task(self.index(p)) for p in positions]
 
   def at(self, positions: Sequence[int]) -> list[task_lib.Task]:
-    """Tasks at given stream positions (for restoring in-flight episodes)."""
+    """Tasks at given global stream positions (for restoring in-flight episodes)."""
     return [self._get_task(self.index(p)) for p in positions]
 
 
@@ -245,6 +273,9 @@ class AgentLoop:
 
   def _new_batch(self) -> _Batch:
     positions, tasks = self.stream.take(self.B)
+    logging.vlog(1, "agent loop: shard %d batch %d takes stream positions %s task ids %s",
+                 self.stream.shard_index, self.next_batch_id, json.dumps(positions),
+                 json.dumps([t.task_id for t in tasks]))
     return self._start_batch(self.next_batch_id, positions, tasks, None)
 
   def _start_batch(self, batch_id, positions, tasks, ids) -> _Batch:
