@@ -99,11 +99,13 @@ class WorkflowSection:
   `stage_rewards=False` is outcome-only GRPO: the same episodes, updated only once the final
   reward is known. `max_new_tokens` bounds every stage's generation. `reference_debug` is what
   the warm-start's reference episodes write in debug stages: `keep` or `restate` (the reference
-  code again).
+  code again). `reward_mode` is `fraction` (of tests passed) or `all_pass` (1 when all pass: what
+  pass@1 counts) for the final reward and the code and debug stage rewards.
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
   reference_debug: str = "keep"
+  reward_mode: str = "fraction"
   num_agent_tests: int = 2
   stage_rewards: bool = True
   max_new_tokens: int = 64
@@ -115,6 +117,7 @@ class WorkflowSection:
     _check(self.max_debug_rounds >= 0, f"{path}.max_debug_rounds", "must be >= 0",
            self.max_debug_rounds)
     _choice(f"{path}.reference_debug", self.reference_debug, ("keep", "restate"))
+    _choice(f"{path}.reward_mode", self.reward_mode, ("fraction", "all_pass"))
     _check(self.num_agent_tests >= 1, f"{path}.num_agent_tests", "must be >= 1",
            self.num_agent_tests)
     _check(self.max_new_tokens >= 1, f"{path}.max_new_tokens", "must be >= 1",

@@ -139,10 +139,10 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   wf_config = workflow_lib.WorkflowConfig(
       stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
       num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards,
-      reference_debug=cfg.workflow.reference_debug)
+      reference_debug=cfg.workflow.reference_debug, reward_mode=cfg.workflow.reward_mode)
   cls = workflow_factory or workflow_lib.Workflow
-  make = lambda pool, score_stages=cfg.workflow.stage_rewards: cls(
-      dataclasses.replace(wf_config, score_stages=score_stages), pool)
+  make = lambda pool, score_stages=cfg.workflow.stage_rewards, **overrides: cls(
+      dataclasses.replace(wf_config, score_stages=score_stages, **overrides), pool)
   factory = lambda: make(counting)
   probe = factory()
   mesh = sharding.make_mesh(cfg)
@@ -342,7 +342,9 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   cfg = comp.cfg
   t0 = time.time()
   counting = loop_lib.CountingPool(comp.pool)
-  factory = lambda: comp.make_workflow(counting, score_stages=True)
+  # Hidden-test fractions for `eval/hidden_frac`; pass@1 counts the episodes that pass all.
+  factory = lambda: comp.make_workflow(counting, score_stages=True,
+                                       reward_mode=workflow_lib.FRACTION)
   own = len(comp.eval_tasks)
   width = -(-cfg.task.eval_size // jax.process_count())  # tasks run by every process
   padding = comp.eval_tasks[-1:] or [comp.tasks.task(cfg.task.eval_split, 0)]

@@ -135,6 +135,25 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(results[0].rewards[0], 1.0)
     self.assertLess(final.rewards[0], 1.0)
 
+  def test_all_pass_reward_mode_gives_no_partial_credit(self):
+    # `x[::-1]` and the identity agree with `sorted` on some public ([5]) and hidden ([], [7])
+    # inputs: partial credit under `fraction`, none under `all_pass`.
+    codes = ["sorted(x)</code>", "x[::-1]</code>", "x</code>"]
+    final_rewards, code_rewards = {}, {}
+    for mode in ("fraction", "all_pass"):
+      wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",), reward_mode=mode),
+                             self.pool)
+      _, results, final = self._run([_sort_task()] * 3, {"code": codes}, wf)
+      final_rewards[mode], code_rewards[mode] = final.rewards, results[0].rewards
+      self.assertEqual(final.num_passed[0], final.num_tests[0])
+    for rewards in (final_rewards, code_rewards):
+      self.assertEqual(rewards["fraction"][0], 1.0)
+      self.assertTrue(np.all((rewards["fraction"][1:] > 0.0) & (rewards["fraction"][1:] < 1.0)),
+                      rewards["fraction"])
+      np.testing.assert_array_equal(rewards["all_pass"], [1.0, 0.0, 0.0])
+    with self.assertRaisesRegex(ValueError, "reward_mode.*'partial'"):
+      workflow.WorkflowConfig(reward_mode="partial")
+
   def test_unparseable_outputs_get_zero_and_episode_continues(self):
     task = _sort_task()
     episodes, results, final = self._run([task] * 3, {

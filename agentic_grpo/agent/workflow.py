@@ -74,6 +74,9 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<hyp>", "</hyp>", "<code>", "</cod
                   "</tests>", "<debug>", "</debug>", "<obs>", "</obs>")
 KEEP = "keep"
 FINAL = "final"
+FRACTION = "fraction"
+ALL_PASS = "all_pass"
+REWARD_MODES = (FRACTION, ALL_PASS)
 _MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
 _SPECIAL_RE = re.compile(r"</?(?:pad|bos|eos|hyp|code|tests|debug|obs)>")
 
@@ -100,6 +103,11 @@ class WorkflowConfig:
     min_test_input_len: an agent-written test earns reward only if every list, tuple or string
       argument has at least this many elements: `[]->[]` agrees with the reference of most list
       functions and says nothing about them, so it must not be a free reward.
+    reward_mode: how the code-running rewards count tests: `fraction` (of tests passed) or
+      `all_pass` (1 if every test passes, else 0). It applies to the final reward (hidden
+      tests: `all_pass` is what pass@1 counts) and to the code and debug stage rewards (public
+      and verified own tests). Partial credit rewards wrong programs that agree with the
+      reference on some inputs (`max` for `min` on one-element lists, `x` for `sorted(x)`).
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
@@ -109,6 +117,7 @@ class WorkflowConfig:
   score_stages: bool = True
   reference_debug: str = KEEP
   min_test_input_len: int = 2
+  reward_mode: str = FRACTION
 
   def __post_init__(self):
     stages = tuple(self.stages)
@@ -131,6 +140,8 @@ class WorkflowConfig:
     if not isinstance(self.min_test_input_len, int) or self.min_test_input_len < 0:
       raise ValueError(f"min_test_input_len must be an int >= 0, got "
                        f"{self.min_test_input_len!r}")
+    if self.reward_mode not in REWARD_MODES:
+      raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
     if self.reference_debug not in (KEEP, "restate"):
       raise ValueError(f"reference_debug must be 'keep' or 'restate', got "
                        f"{self.reference_debug!r}")
@@ -469,14 +480,16 @@ class CodeStage(Stage):
     episode.code = parsed
 
   def score(self, episodes, parsed, pool, guard):
-    return _public_scores(episodes, parsed, pool, guard, with_verified=False)
+    return _public_scores(episodes, parsed, pool, guard, with_verified=False,
+                          all_pass=self.config.reward_mode == ALL_PASS)
 
   def reference_output(self, episode):
     return _compact_reference(episode.task) or ""
 
 
-def _public_scores(episodes, parsed, pool, guard, with_verified):
-  """Fraction of public examples (and verified own tests) that each episode's code passes."""
+def _public_scores(episodes, parsed, pool, guard, with_verified, all_pass=False):
+  """Fraction of public examples (and verified own tests) that each episode's code passes
+  (1/0 for all of them with `all_pass`)."""
   programs = []
   for ep, p in zip(episodes, parsed):
     tests = ep.task.public_examples + (ep.verified_tests if with_verified else ())
@@ -494,7 +507,8 @@ def _public_scores(episodes, parsed, pool, guard, with_verified):
     elif p is _UNPARSED or r is None:
       out.append(0.0)
     else:
-      out.append(guard(lambda r=r, n=n: min(1.0, float(r.num_passed) / n), 0.0))
+      out.append(guard(lambda r=r, n=n: (float(r.num_passed >= n) if all_pass else
+                                         min(1.0, float(r.num_passed) / n)), 0.0))
   return out
 
 
@@ -638,7 +652,8 @@ class DebugStage(Stage):
       episode.code = parsed
 
   def score(self, episodes, parsed, pool, guard):
-    return _public_scores(episodes, parsed, pool, guard, with_verified=True)
+    return _public_scores(episodes, parsed, pool, guard, with_verified=True,
+                          all_pass=self.config.reward_mode == ALL_PASS)
 
   def reference_output(self, episode):
     if self.config.reference_debug == KEEP:
@@ -819,8 +834,9 @@ class Workflow:
       return _UNPARSED
 
   def finish(self, episodes: Sequence[Episode]) -> FinalResult:
-    """Final rewards: fraction of hidden tests passed by each episode's last code (one pool
-    call). Episodes may have finished all stages or stopped early.
+    """Final rewards of each episode's last code on the hidden tests (one pool call): the
+    fraction passed, or 1/0 for all passed with `reward_mode='all_pass'`. Episodes may have
+    finished all stages or stopped early. `num_passed`/`num_tests` always count tests.
 
     Raises:
       ValueError: for an empty batch or an episode with an open stage.
@@ -843,7 +859,8 @@ class Workflow:
         total.append(n_hidden)
       else:
         def frac(r=r):
-          return (min(1.0, r.num_passed / r.num_tests) if r.num_tests > 0 else 0.0)
+          f = min(1.0, r.num_passed / r.num_tests) if r.num_tests > 0 else 0.0
+          return f if self.config.reward_mode == FRACTION else float(f >= 1.0)
         rewards.append(guard(frac, 0.0))
         passed.append(int(r.num_passed))
         total.append(int(r.num_tests))
