@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, Mapping, Union
 
+from absl import logging
+
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
                  "optim", "warmstart", "eval", "checkpoint", "log", "mesh")
 
@@ -186,7 +188,13 @@ class RLSection:
 
 @dataclasses.dataclass(frozen=True)
 class LossSection:
-  """`core.losses` options (DESIGN.md §2)."""
+  """`core.losses` options (DESIGN.md §2).
+
+  With stage rewards and corrections, use `aggregation='seq_mean_token_sum_norm'` (Dr. GRPO's
+  constant normaliser `rows · max_tokens`): a segment's provisional update and its correction
+  are applied in different batches, and only a normaliser that ignores a batch's contents makes
+  them add up to the target's update (`tests/losses_test.py`, cross-batch identity).
+  """
   eps_low: float = 0.2
   eps_high: float = 0.28
   ratio_level: str = "token"
@@ -398,6 +406,13 @@ class TrainConfig:
     _check(self.replay.capacity >= self.rl.group_size * len(self.workflow.stages),
            "replay.capacity", f"must be >= rl.group_size * number of stages "
            f"({self.rl.group_size * len(self.workflow.stages)})", self.replay.capacity)
+    if (self.workflow.stage_rewards and self.correction.enabled
+        and self.loss.aggregation != "seq_mean_token_sum_norm"):
+      logging.warning(
+          "loss.aggregation=%r normalises each update by its own contents, so a segment's "
+          "provisional update (in a small batch) and its correction (in a later, larger batch) "
+          "do not add up to the target advantage's update; use 'seq_mean_token_sum_norm' "
+          "(a constant normaliser) for Agentic GRPO corrections.", self.loss.aggregation)
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:

@@ -181,6 +181,47 @@ class PolicyLossTest(parameterized.TestCase):
                                rtol=1e-5, atol=1e-6)
     self.assertGreater(float(jnp.abs(grad(target)).max()), 1e-3)
 
+  @parameterized.parameters(("seq_mean_token_sum_norm", True), ("token_mean", False),
+                            ("seq_mean_token_mean", False))
+  def test_correction_identity_across_batches(self, aggregation, holds):
+    """The provisional update and its correction land in different learner batches.
+
+    Segment 0 is updated provisionally on its own (a stage that just completed) and corrected
+    later inside a batch with other rows (a packed finished episode). The net gradient on
+    segment 0 equals the target's only when the normaliser does not depend on what else is in
+    the batch: Dr. GRPO's constant `N · max_tokens` (with `N` the fixed batch rows). Per-batch
+    token or row counts weigh segment 0 more in the small provisional batch than in the
+    correction batch, so the correction undoes only part of the provisional step.
+    """
+    key_w, key_x, key_t = jax.random.split(jax.random.PRNGKey(1), 3)
+    n, t, d, v = 4, 6, 3, 7
+    params = jax.random.normal(key_w, (d, v))
+    features = jax.random.normal(key_x, (n, t, d))
+    tokens = jax.random.randint(key_t, (n, t), 0, v)
+    lengths = jnp.array([2, 6, 5, 6])
+    full = jnp.arange(t)[None, :] < lengths[:, None]
+    alone = full & (jnp.arange(n) == 0)[:, None]  # the provisional batch: segment 0 only
+    provisional, target = 1.5, -0.5
+    others = jnp.array([0.0, 0.7, -1.2, 0.4])
+
+    def logprobs(w):
+      logp = jax.nn.log_softmax(features @ w)
+      return jnp.take_along_axis(logp, tokens[..., None], -1)[..., 0]
+
+    behaviour = logprobs(params)
+
+    def grad(adv, mask):
+      return jax.grad(lambda w: losses.policy_loss(
+          logprobs(w), behaviour, adv, mask, aggregation=aggregation, max_tokens=t)[0])(params)
+
+    with_seg0 = lambda a0: others.at[0].set(a0)
+    net = grad(with_seg0(provisional), alone) + grad(with_seg0(target - provisional), full)
+    want = grad(with_seg0(target), full)
+    if holds:
+      np.testing.assert_allclose(net, want, rtol=1e-5, atol=1e-6)
+    else:
+      self.assertGreater(float(jnp.abs(net - want).max()), 1e-2)
+
   @hypothesis.settings(max_examples=25, deadline=None)
   @hypothesis.given(data=st.data(), mode=st.sampled_from(losses.AGGREGATIONS),
                     ratio_level=st.sampled_from(losses.RATIO_LEVELS))
