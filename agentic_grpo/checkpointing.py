@@ -181,6 +181,19 @@ class Checkpointer:
         meta=ocp.args.JsonSave(shared)), force=True)
     self._manager.wait_until_finished()
 
+  def read_meta(self, step: Optional[int] = None) -> dict[str, Any]:
+    """The shared `meta` of checkpoint `step` (the latest when None), without the state.
+
+    Raises:
+      FileNotFoundError: when there is no checkpoint.
+    """
+    if step is None:
+      step = self.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    return dict(self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta)
+
   def restore(self, step: Optional[int], abstract_state: Any
               ) -> tuple[Any, dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """Restores checkpoint `step` (the latest when None).

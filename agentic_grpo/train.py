@@ -503,10 +503,17 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
                          sh.state)
   counters: collections.Counter = collections.Counter()
   if ckpt.latest_step() is not None:
-    abstract = {"state": state, "ref": params0} if use_kl else {"state": state}
-    restored, host, meta = ckpt.restore(None, abstract)
+    # The reference policy exists (and is saved) from the start of the RL phase on.
+    with_ref = use_kl and ckpt.read_meta()["phase"] == "rl"
+    abstract = {"state": state, "ref": params0} if with_ref else {"state": state}
+    try:
+      restored, host, meta = ckpt.restore(None, abstract)
+    except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
+      raise ValueError(f"cannot resume from {ckpt.directory}: the checkpoint does not match "
+                       f"this config (e.g. loss.kl_beta > 0 now but the RL phase was saved "
+                       f"without a reference policy): {e}") from e
     state = jax.device_put(restored["state"], sh.state)
-    if use_kl:
+    if with_ref:
       ref_params = jax.device_put(restored["ref"], sh.ref_params)
     phase, step = meta["phase"], int(meta["step"])
     counters = collections.Counter(meta["counters"])
@@ -517,7 +524,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   metrics = MetricsWriter(workdir, cfg, total, step)
 
   def save():
-    tree = {"state": state, "ref": ref_params} if use_kl else {"state": state}
+    tree = {"state": state, "ref": ref_params} if ref_params is not None else {"state": state}
     host, meta = {}, {"phase": phase, "step": step, "counters": dict(counters)}
     if phase == "rl":
       host["replay"], meta["replay"] = replay.state_dict()

@@ -160,6 +160,27 @@ class TrainTest(parameterized.TestCase):
     # Some RL stop fell right on an epoch boundary of the 2-task pool.
     self.assertTrue(any(p > 0 and p % 2 == 0 for p in positions), positions)
 
+  def test_kl_run_resumes_in_both_phases(self):
+    # With a reference-KL penalty the reference policy exists from the RL phase on: a run
+    # stopped in the warm-start (no reference saved) and again in the RL phase resumes both
+    # times and ends with the same state and reference as an uninterrupted run.
+    cfg = _micro(tiny_codegen, **{"warmstart.steps": 2, "rl.num_steps": 3,
+                                  "loss.kl_beta": 0.1, "eval.num_samples": 0,
+                                  "checkpoint.every": 0})
+    full, parts = self.create_tempdir().full_path, self.create_tempdir().full_path
+    train.run(cfg, full, pool=self.pool)
+    for stop in (1, 3):
+      self.assertEqual(train.run(cfg, parts, pool=self.pool, stop_after=stop)["step"], stop)
+    self.assertEqual(train.run(cfg, parts, pool=self.pool)["step"], 5)
+    comp = train.build(cfg, pool=self.pool)
+    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
+    abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0),
+                "ref": params}
+    want, got = [checkpointing.Checkpointer(os.path.join(d, "checkpoints")).restore(
+        None, abstract)[0] for d in (full, parts)]
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)
     opt = learner.make_optimizer(cfg.optim)
