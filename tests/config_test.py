@@ -5,13 +5,14 @@ from absl.testing import parameterized
 import ml_collections
 
 from agentic_grpo import config as config_lib
+from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
 
 
 class ConfigTest(parameterized.TestCase):
 
-  @parameterized.parameters(tiny_codegen, outcome_grpo)
+  @parameterized.parameters(tiny_codegen, outcome_grpo, full_workflow)
   def test_experiments_resolve(self, module):
     cfg = config_lib.from_config_dict(module.get_config())
     self.assertIsInstance(cfg, config_lib.TrainConfig)

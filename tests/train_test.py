@@ -19,6 +19,7 @@ from agentic_grpo import sharding
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
 
@@ -95,7 +96,8 @@ class TrainTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "k <= n"):
       train.pass_at_k(2, 1, 3)
 
-  @parameterized.named_parameters(("agentic", tiny_codegen), ("outcome", outcome_grpo))
+  @parameterized.named_parameters(("agentic", tiny_codegen), ("outcome", outcome_grpo),
+                                  ("full_workflow", full_workflow))
   def test_experiment_runs_two_steps(self, module):
     cfg = _micro(module)
     workdir = self.create_tempdir().full_path
