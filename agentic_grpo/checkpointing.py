@@ -215,8 +215,7 @@ class Checkpointer:
       step = self.latest_step()
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    meta = self._manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta
+    meta = self.read_meta(step)
     written_by = int(meta.get("process_count", 1))
     if written_by != jax.process_count():
       raise ValueError(f"checkpoint {step} in {self.directory} holds the host state of "
