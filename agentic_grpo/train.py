@@ -83,6 +83,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
+def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
+  """Mean per-task gain `after - before` and its standard error, for results on the same tasks.
+
+  Both evaluations run the same held-out tasks, so the difference of their pass rates is judged
+  by the per-task differences `d_i = after_i - before_i` (the paired design of McNemar's test,
+  McNemar, 1947): gain `mean(d)`, standard error `std(d, ddof=1) / sqrt(n)`. Tasks both runs
+  solve (or both fail) add no variance, so this is much tighter than the unpaired
+  `sqrt(p (1 - p) / n)` of each rate.
+
+  Args:
+    before, after: `[n]` per-task results (bool or float in [0, 1]), same task order, n >= 2.
+
+  Returns:
+    `(gain, stderr)` as floats.
+
+  Raises:
+    ValueError: for shapes that differ or are not 1-D, or fewer than 2 tasks.
+  """
+  before = np.asarray(before, np.float64)
+  after = np.asarray(after, np.float64)
+  if before.ndim != 1 or before.shape != after.shape:
+    raise ValueError(f"before and after must be 1-D with the same shape, got "
+                     f"{before.shape} and {after.shape}")
+  if before.size < 2:
+    raise ValueError(f"need at least 2 tasks for a standard error, got {before.size}")
+  d = after - before
+  return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+
+
 # ------------------------------------------------------------------------------ components
 
 
@@ -298,8 +327,9 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
   ev = [r for r in history if "eval/pass@1" in r]
   if ev:
-    ax1.plot([r["step"] for r in ev], [r["eval/pass@1"] for r in ev], "o-",
-             label="greedy pass@1 (held-out)")
+    ax1.errorbar([r["step"] for r in ev], [r["eval/pass@1"] for r in ev],
+                 yerr=[r.get("eval/pass@1_stderr", 0.0) for r in ev], fmt="o-", capsize=3,
+                 label="greedy pass@1 (held-out, ±1 s.e.)")
     ax1.plot([r["step"] for r in ev], [r["eval/hidden_frac"] for r in ev], "s--",
              label="hidden tests passed (fraction)")
   ws = [r["step"] for r in history if r.get("phase") == "warmstart"]
@@ -329,9 +359,14 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
 # ------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bool
-             ) -> dict[str, float]:
+def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bool,
+             baseline: Optional[np.ndarray] = None) -> tuple[dict[str, float], np.ndarray]:
   """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k.
+
+  Returns `(metrics, passed)`: `passed` is `[task.eval_size]` bool, greedy pass per held-out
+  task (in task order). `metrics` holds `eval/pass@1` with its binomial standard error
+  `eval/pass@1_stderr`, and, given `baseline` (an earlier `passed`, e.g. the warm-start's),
+  the paired gain over it `eval/pass@1_gain` with `eval/pass@1_gain_stderr` (`paired_gain`).
 
   Evaluation episodes score every stage (also for outcome-only runs) and count their sandbox
   verdicts apart from training's (`eval/timeouts`). In a multi-process run each process runs
@@ -354,8 +389,13 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
                                      workflow_factory=factory)
   final = gather(final)
   stages = {name: gather(r) for name, r in stages.items()}
-  out = {"eval/pass@1": float(np.mean(final[:, 0] >= 1.0)),
+  passed = final[:, 0] >= 1.0
+  p1 = float(np.mean(passed))
+  out = {"eval/pass@1": p1,
+         "eval/pass@1_stderr": math.sqrt(p1 * (1.0 - p1) / max(len(passed), 1)),
          "eval/hidden_frac": float(np.mean(final[:, 0]))}
+  if baseline is not None and len(baseline) == len(passed) and len(passed) > 1:
+    out["eval/pass@1_gain"], out["eval/pass@1_gain_stderr"] = paired_gain(baseline, passed)
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
   n = cfg.eval.num_samples
@@ -369,7 +409,7 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   timeouts = np.int64(counting.pop_counts().get("timeout", 0))
   out["eval/timeouts"] = float(sharding.host_allgather(timeouts).sum())
   out["eval/seconds"] = time.time() - t0
-  return out
+  return out, passed
 
 
 def _gather_task_rows(x: np.ndarray, own: int, total: int) -> np.ndarray:
@@ -502,6 +542,8 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   state = jax.device_put(learner.init_state(params0, ws_opt if ws_steps else rl_opt, cfg.seed),
                          sh.state)
   counters: collections.Counter = collections.Counter()
+  # Greedy pass per held-out task at the end of the warm-start: the baseline of the paired gain.
+  warm_passed: Optional[np.ndarray] = None
   if ckpt.latest_step() is not None:
     # The reference policy exists (and is saved) from the start of the RL phase on.
     with_ref = use_kl and ckpt.read_meta()["phase"] == "rl"
@@ -517,6 +559,8 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       ref_params = jax.device_put(restored["ref"], sh.ref_params)
     phase, step = meta["phase"], int(meta["step"])
     counters = collections.Counter(meta["counters"])
+    if meta.get("warmstart_passed") is not None:
+      warm_passed = np.asarray(meta["warmstart_passed"], bool)
     if phase == "rl":
       replay.load_state_dict(host["replay"], meta["replay"])
       agent.load_state_dict(host["loop"], meta["loop"])
@@ -525,7 +569,9 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
 
   def save():
     tree = {"state": state, "ref": ref_params} if ref_params is not None else {"state": state}
-    host, meta = {}, {"phase": phase, "step": step, "counters": dict(counters)}
+    host, meta = {}, {"phase": phase, "step": step, "counters": dict(counters),
+                      "warmstart_passed": (None if warm_passed is None
+                                           else [int(v) for v in warm_passed])}
     if phase == "rl":
       host["replay"], meta["replay"] = replay.state_dict()
       host["loop"], meta["loop"] = agent.state_dict()
@@ -569,13 +615,13 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
                  "grad_norm": m["grad_norm"], "update_skipped": m["update_skipped"],
                  "tokens_per_s": float(batch["loss_mask"].size) / max(dt, 1e-9)}
           if step == ws_steps:
-            last_eval = evaluate(comp, agent, state.params, sampled=True)
+            last_eval, warm_passed = evaluate(comp, agent, state.params, sampled=True)
             row.update(last_eval)
           metrics.write(row)
         metrics.progress(step, "warmstart", float(m["loss"]))
         maybe_checkpoint()
     elif phase == "warmstart" and not stopping():
-      last_eval = evaluate(comp, agent, state.params, sampled=True)
+      last_eval, warm_passed = evaluate(comp, agent, state.params, sampled=True)
       metrics.write(dict(step=step, phase="warmstart", seconds=time.time() - t_start,
                          **last_eval))
 
@@ -643,7 +689,8 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
         row["loop/data_position"] = float(sum(p["position"] for p in everyone))
         row["loop/epoch"] = float(min(p["epoch"] for p in everyone))
         if final or (cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0):
-          last_eval = evaluate(comp, agent, state.params, sampled=final)
+          last_eval, _ = evaluate(comp, agent, state.params, sampled=final,
+                                  baseline=warm_passed)
           row.update(last_eval)
         metrics.write(row)
         pending_rows.clear()

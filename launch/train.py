@@ -40,6 +40,10 @@ def _fresh_workdir(config_path: str) -> str:
   return os.path.join("workdirs", f"{name}-{stamp}")
 
 
+def _fmt(value) -> str:
+  return "n/a" if value is None else f"{value:.3f}"
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -50,9 +54,14 @@ def main(argv):
   print(f"workdir: {os.path.abspath(workdir)}", flush=True)
   logging.info("config:\n%s", _CONFIG.value)
   result = train.run(_CONFIG.value, workdir, stop_after=_STOP_AFTER.value)
-  print(f"done: global step {result['step']} in {result['seconds']:.0f} s; "
-        f"held-out greedy pass@1: warm-start {result['warmstart_pass@1']}, "
-        f"final {result['final_pass@1']}", flush=True)
+  line = (f"done: global step {result['step']} in {result['seconds']:.0f} s; "
+          f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass@1'])}, "
+          f"final {_fmt(result['final_pass@1'])}")
+  last = result["last_eval"] or {}
+  if "eval/pass@1_gain" in last:
+    line += (f" (paired gain {last['eval/pass@1_gain']:+.3f} ± "
+             f"{last['eval/pass@1_gain_stderr']:.3f} s.e.)")
+  print(line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
 
 

@@ -96,6 +96,20 @@ class TrainTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "k <= n"):
       train.pass_at_k(2, 1, 3)
 
+  def test_paired_gain(self):
+    before = np.array([1, 0, 0, 1, 0, 1, 0, 0], bool)
+    after = np.array([1, 1, 0, 1, 1, 0, 0, 1], bool)
+    gain, stderr = train.paired_gain(before, after)
+    d = after.astype(float) - before
+    self.assertAlmostEqual(gain, after.mean() - before.mean())
+    self.assertAlmostEqual(stderr, np.std(d, ddof=1) / np.sqrt(8))
+    # Agreeing tasks add no variance: identical results give gain 0 with standard error 0.
+    self.assertEqual(train.paired_gain(before, before), (0.0, 0.0))
+    with self.assertRaisesRegex(ValueError, "same shape"):
+      train.paired_gain(before, after[:4])
+    with self.assertRaisesRegex(ValueError, "at least 2"):
+      train.paired_gain(before[:1], after[:1])
+
   @parameterized.named_parameters(("agentic", tiny_codegen), ("outcome", outcome_grpo),
                                   ("full_workflow", full_workflow))
   def test_experiment_runs_two_steps(self, module):
@@ -110,7 +124,12 @@ class TrainTest(parameterized.TestCase):
       for key in ("eval/pass@1", "eval/pass@1_sampled", "eval/pass@2_sampled", "seconds"):
         self.assertIn(key, r)
         self.assertBetween(r[key], 0.0, 1e9)
-    rl = rows[-1]
+    ws, rl = rows
+    self.assertAlmostEqual(rl["eval/pass@1_gain"], rl["eval/pass@1"] - ws["eval/pass@1"])
+    self.assertNotIn("eval/pass@1_gain", ws)
+    for r in rows:
+      p = r["eval/pass@1"]
+      self.assertAlmostEqual(r["eval/pass@1_stderr"], np.sqrt(p * (1 - p) / 2))
     for key in ("loss/loss", "loss/clip_fraction", "loss/kl", "reward/hypothesis",
                 "tokens_per_s", "replay/total_stale_dropped_segments",
                 "replay/total_corrections"):
@@ -158,6 +177,8 @@ class TrainTest(parameterized.TestCase):
       train.run(cfg, parts, pool=self.pool)
       got = self._final(parts, cfg)
       self._assert_same(want, got, stops)
+      # The warm-start's per-task results survive the restart: the paired gain is reported.
+      self.assertEqual(_rows(parts)[-1]["eval/pass@1_gain"], _rows(full)[-1]["eval/pass@1_gain"])
     self.assertEqual(want[2]["step"], total)
     # Some RL stop fell right on an epoch boundary of the 2-task pool.
     self.assertTrue(any(p > 0 and p % 2 == 0 for p in positions), positions)
