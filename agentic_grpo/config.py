@@ -254,9 +254,16 @@ class ReplaySection:
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
-  """AdamW with linear warm-up, global-norm clipping and a non-finite guard."""
+  """AdamW with linear warm-up, global-norm clipping and a non-finite guard (the RL phase).
+
+  `schedule="constant"` keeps `learning_rate` after the warm-up; `"cosine"` decays it to
+  `final_lr_fraction` of its peak at the last RL update (`rl.num_steps`; Loshchilov & Hutter,
+  2017).
+  """
   learning_rate: float = 3e-4
   warmup_steps: int = 0
+  schedule: str = "constant"
+  final_lr_fraction: float = 0.0
   weight_decay: float = 0.0
   b1: float = 0.9
   b2: float = 0.99
@@ -267,6 +274,10 @@ class OptimSection:
   def validate(self, path: str) -> None:
     _check(self.learning_rate > 0, f"{path}.learning_rate", "must be > 0", self.learning_rate)
     _check(self.warmup_steps >= 0, f"{path}.warmup_steps", "must be >= 0", self.warmup_steps)
+    _check(self.schedule in ("constant", "cosine"), f"{path}.schedule",
+           "must be 'constant' or 'cosine'", self.schedule)
+    _check(0.0 <= self.final_lr_fraction <= 1.0, f"{path}.final_lr_fraction",
+           "must be in [0, 1]", self.final_lr_fraction)
     _check(self.weight_decay >= 0, f"{path}.weight_decay", "must be >= 0", self.weight_decay)
     _check(0.0 <= self.b1 < 1.0, f"{path}.b1", "must be in [0, 1)", self.b1)
     _check(0.0 <= self.b2 < 1.0, f"{path}.b2", "must be in [0, 1)", self.b2)

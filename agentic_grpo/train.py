@@ -495,7 +495,9 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   ws_opt = learner.make_optimizer(cfg.optim, learning_rate=cfg.warmstart.learning_rate,
                                   warmup_steps=cfg.warmstart.warmup_steps, decay_steps=ws_steps,
                                   final_lr_fraction=cfg.warmstart.final_lr_fraction)
-  rl_opt = learner.make_optimizer(cfg.optim)
+  rl_opt = learner.make_optimizer(
+      cfg.optim, decay_steps=cfg.rl.num_steps if cfg.optim.schedule == "cosine" else 0,
+      final_lr_fraction=cfg.optim.final_lr_fraction)
   params0 = sharding.init_params(comp.sharded_model, comp.model_config,
                                  jax.random.key(cfg.seed))
   n_proc = jax.process_count()
