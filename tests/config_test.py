@@ -51,6 +51,7 @@ class ConfigTest(parameterized.TestCase):
       ("sum_norm", {"loss": {"aggregation": "seq_mean_token_sum_norm"}},
        r"config\.loss\.max_tokens must be > 0"),
       ("section", {"rl": 3}, r"config\.rl must be a section"),
+      ("schedule", {"optim": {"schedule": "linear"}}, r"config\.optim\.schedule must be"),
       ("rules", {"mesh": {"logical_axis_rules": (("embed", "fsdp,model"),)}},
        r"config\.mesh\.logical_axis_rules\[0\] must name mesh axes"),
   )

@@ -102,6 +102,20 @@ class LearnerTest(absltest.TestCase):
       updates, _ = jax.jit(opt.update)(grads, opt.init(grads), grads)
       np.testing.assert_allclose(optax.tree.norm(updates) * 1e6, want_norm, rtol=1e-3)
 
+  def test_cosine_decay_reaches_final_fraction(self):
+    # b1 = 0 and a huge eps: the update is lr(t) * g / eps, so it traces the schedule.
+    grads = {"w": jnp.ones((2,))}
+    optim = dataclasses.replace(config_lib.OptimSection(), b1=0.0, eps=1e6, learning_rate=1.0,
+                                grad_clip=0.0)
+    opt = learner.make_optimizer(optim, decay_steps=4, final_lr_fraction=0.25)
+    state, lrs = opt.init(grads), []
+    for _ in range(5):
+      updates, state = opt.update(grads, state, grads)
+      lrs.append(-float(updates["w"][0]) * 1e6)
+    np.testing.assert_allclose(lrs[0], 1.0, rtol=1e-4)
+    np.testing.assert_allclose(lrs[4], 0.25, rtol=1e-4)
+    self.assertTrue(all(a > b for a, b in zip(lrs, lrs[1:])), lrs)
+
   def test_reference_kl(self):
     batch = learner.to_device_batch(_batch())
     _, same = self.step(self._state(0), batch, self._ref(0))
