@@ -112,6 +112,13 @@ def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
   return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
 
 
+def rl_optimizer(cfg: config_lib.TrainConfig):
+  """The RL phase's optimizer: `optim`, with its schedule spanning `rl.num_steps` updates."""
+  return learner.make_optimizer(
+      cfg.optim, decay_steps=cfg.rl.num_steps if cfg.optim.schedule == "cosine" else 0,
+      final_lr_fraction=cfg.optim.final_lr_fraction)
+
+
 # ------------------------------------------------------------------------------ components
 
 
@@ -176,7 +183,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   probe = factory()
   mesh = sharding.make_mesh(cfg)
   sharded_model, shardings = sharding.learner_shardings(
-      model_config, mesh, learner.make_optimizer(cfg.optim), cfg.mesh.rules(),
+      model_config, mesh, rl_optimizer(cfg), cfg.mesh.rules(),
       with_reference=cfg.loss.kl_beta > 0)
   return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
                     make, probe.num_stages, probe.stage_names, mesh, sharded_model, shardings)
@@ -495,9 +502,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   ws_opt = learner.make_optimizer(cfg.optim, learning_rate=cfg.warmstart.learning_rate,
                                   warmup_steps=cfg.warmstart.warmup_steps, decay_steps=ws_steps,
                                   final_lr_fraction=cfg.warmstart.final_lr_fraction)
-  rl_opt = learner.make_optimizer(
-      cfg.optim, decay_steps=cfg.rl.num_steps if cfg.optim.schedule == "cosine" else 0,
-      final_lr_fraction=cfg.optim.final_lr_fraction)
+  rl_opt = rl_optimizer(cfg)
   params0 = sharding.init_params(comp.sharded_model, comp.model_config,
                                  jax.random.key(cfg.seed))
   n_proc = jax.process_count()

@@ -152,7 +152,7 @@ class TrainTest(parameterized.TestCase):
     self.assertGreater(last["counts/timeout"], 0)  # The hanging programs.
     # Shapes are bucketed: one bucket, so the (cached) update step compiled once.
     comp = train.build(cfg, pool=self.pool)
-    update = learner.make_update_step(comp.graphdef, cfg, learner.make_optimizer(cfg.optim),
+    update = learner.make_update_step(comp.graphdef, cfg, train.rl_optimizer(cfg),
                                       shardings=comp.shardings)
     self.assertEqual(update.num_traces, 1)
 
