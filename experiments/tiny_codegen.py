@@ -6,7 +6,7 @@ minutes on two CPU cores. Every field of `agentic_grpo.config.TrainConfig` is pr
 be overridden from the command line, e.g. `--config.rl.group_size=8`.
 
 Choices that matter for a small model learning in minutes (measured on the held-out split,
-greedy pass@1 over 256 tasks; docs/learning.md):
+greedy pass@1 over 256 or 512 tasks; docs/learning.md):
 * `workflow.reward_mode='all_pass'`: with partial credit (fraction of tests passed) RL drifts to
   wrong programs that agree on some inputs: hidden-test fraction up, pass@1 down.
 * `loss.aggregation='seq_mean_token_sum_norm'` (Dr. GRPO's constant normaliser): a provisional
