@@ -103,11 +103,14 @@ class WorkflowSection:
   the warm-start's reference episodes write in debug stages: `keep` or `restate` (the reference
   code again). `reward_mode` is `fraction` (of tests passed) or `all_pass` (1 when all pass: what
   pass@1 counts) for the final reward and the code and debug stage rewards.
+  `reference_fix_fraction` is the share of reference episodes that show a failing first attempt
+  (a near miss of the reference), its observation in the first debug stage, and the fix.
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
   reference_debug: str = "keep"
   reward_mode: str = "fraction"
+  reference_fix_fraction: float = 0.0
   num_agent_tests: int = 2
   stage_rewards: bool = True
   max_new_tokens: int = 64
@@ -120,6 +123,8 @@ class WorkflowSection:
            self.max_debug_rounds)
     _choice(f"{path}.reference_debug", self.reference_debug, ("keep", "restate"))
     _choice(f"{path}.reward_mode", self.reward_mode, ("fraction", "all_pass"))
+    _check(0.0 <= self.reference_fix_fraction <= 1.0, f"{path}.reference_fix_fraction",
+           "must be in [0, 1]", self.reference_fix_fraction)
     _check(self.num_agent_tests >= 1, f"{path}.num_agent_tests", "must be >= 1",
            self.num_agent_tests)
     _check(self.max_new_tokens >= 1, f"{path}.max_new_tokens", "must be >= 1",

@@ -175,7 +175,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   wf_config = workflow_lib.WorkflowConfig(
       stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
       num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards,
-      reference_debug=cfg.workflow.reference_debug, reward_mode=cfg.workflow.reward_mode)
+      reference_debug=cfg.workflow.reference_debug, reward_mode=cfg.workflow.reward_mode,
+      reference_fix_fraction=cfg.workflow.reference_fix_fraction)
   cls = workflow_factory or workflow_lib.Workflow
   make = lambda pool, score_stages=cfg.workflow.stage_rewards, **overrides: cls(
       dataclasses.replace(wf_config, score_stages=score_stages, **overrides), pool)

@@ -62,6 +62,22 @@ class GrammarTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, msg):
         synthetic.parse_program(bad)
 
+  def test_near_miss(self):
+    tasks = synthetic.SyntheticTasks()
+    found = 0
+    for i in range(32):
+      task = tasks.task("train", i)
+      miss = synthetic.near_miss(task)
+      if miss is None:
+        continue
+      found += 1
+      program = synthetic.parse_program(task.metadata["program"])
+      self.assertIn(miss.key, {q.key for q in synthetic.neighbors(program)})
+      self.assertTrue(any(miss(e.args[0]) != e.expected for e in task.public_examples))
+      self.assertEqual(synthetic.near_miss(task).key, miss.key)  # Deterministic.
+    self.assertGreater(found, 24)
+    self.assertIsNone(synthetic.near_miss(dataclasses.replace(task, metadata={})))
+
   def test_neighbors(self):
     prog = synthetic.parse_program("L:sort")
     near = synthetic.neighbors(prog)

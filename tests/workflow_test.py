@@ -82,6 +82,44 @@ class WorkflowTest(parameterized.TestCase):
       self.assertEqual(ep.segments, ref)
     self.assertEqual(self.wf.pop_error_counts(), {})
 
+  def test_reference_fix_episodes_match_a_real_run(self):
+    # Every reference episode starts from a near miss: replayed through the real workflow (the
+    # sandbox runs the near miss), its code stage fails the public examples, the observation
+    # the debug stage sees is the one `reference_segments` rendered in process, and the fix
+    # passes the hidden tests.
+    wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=1.0), self.pool)
+    tasks = self.synthetic[:16]
+    refs = [wf.reference_segments(t) for t in tasks]
+    outputs = {name: [r[k].output for r in refs] for k, name in enumerate(wf.stage_names)}
+    episodes, results, final = self._run(tasks, outputs, wf)
+    for ep, ref in zip(episodes, refs):
+      self.assertEqual(ep.segments, ref)
+    by_stage = {r.stage: r for r in results}
+    self.assertTrue(np.all(by_stage["code"].rewards < 1.0))
+    np.testing.assert_array_equal(by_stage["debug_1"].rewards, np.ones(len(tasks)))
+    np.testing.assert_array_equal(final.rewards, np.ones(len(tasks)))
+    code, debug = (wf.stage_names.index(n) for n in ("code", "debug_1"))
+    for r, t in zip(refs, tasks):
+      self.assertIn(" got ", r[debug].opening)
+      self.assertNotEqual(r[code].output, r[debug].output)
+      self.assertEqual(r[debug].output, workflow._compact_reference(t) + "</debug>")
+
+  def test_reference_fix_fraction(self):
+    wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=0.5), self.pool)
+    debug = wf.stage_names.index("debug_1")
+    fixes = [not wf.reference_segments(t)[debug].output.startswith("keep")
+             for t in self.synthetic]
+    self.assertBetween(np.mean(fixes), 0.3, 0.7)
+    self.assertEqual(fixes, [not wf.reference_segments(t)[debug].output.startswith("keep")
+                             for t in self.synthetic])  # A pure function of the task.
+    # Without a debug stage there is nothing to fix: plain reference episodes.
+    plain = workflow.Workflow(workflow.WorkflowConfig(stages=("code",),
+                                                      reference_fix_fraction=1.0), self.pool)
+    self.assertEqual(plain.reference_outputs(self.synthetic[0]),
+                     [workflow._compact_reference(self.synthetic[0]) + "</code>"])
+    with self.assertRaisesRegex(ValueError, "reference_fix_fraction"):
+      workflow.WorkflowConfig(reference_fix_fraction=1.5)
+
   def test_delimiters_are_tokenizer_specials(self):
     self.assertEqual(set(workflow.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
     for stage in self.wf.stages:

@@ -53,6 +53,7 @@ episode (for the supervised warm start) without running anything.
 import ast
 import collections
 import dataclasses
+import hashlib
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -60,6 +61,7 @@ from absl import logging
 import numpy as np
 
 from agentic_grpo.agent import sandbox
+from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
 STAGE_KINDS = ("hypothesis", "code", "tests", "debug")
@@ -108,6 +110,12 @@ class WorkflowConfig:
       tests: `all_pass` is what pass@1 counts) and to the code and debug stage rewards (public
       and verified own tests). Partial credit rewards wrong programs that agree with the
       reference on some inputs (`max` for `min` on one-element lists, `x` for `sorted(x)`).
+    reference_fix_fraction: the share of reference episodes (drawn per task id) whose first
+      code is a *near miss* (`synthetic.near_miss`: a wrong program one edit from the
+      reference that fails a public example), followed by the first debug stage's observation
+      of its failures and the reference code as the fix. Needs a debug stage; tasks without a
+      near miss (not synthetic) keep the plain reference episode. So the warm-start shows what
+      debugging is for, not only `keep` after passing code.
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
@@ -118,6 +126,7 @@ class WorkflowConfig:
   reference_debug: str = KEEP
   min_test_input_len: int = 2
   reward_mode: str = FRACTION
+  reference_fix_fraction: float = 0.0
 
   def __post_init__(self):
     stages = tuple(self.stages)
@@ -142,6 +151,9 @@ class WorkflowConfig:
                        f"{self.min_test_input_len!r}")
     if self.reward_mode not in REWARD_MODES:
       raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
+    if not 0.0 <= self.reference_fix_fraction <= 1.0:
+      raise ValueError(f"reference_fix_fraction must be in [0, 1], got "
+                       f"{self.reference_fix_fraction!r}")
     if self.reference_debug not in (KEEP, "restate"):
       raise ValueError(f"reference_debug must be 'keep' or 'restate', got "
                        f"{self.reference_debug!r}")
@@ -618,14 +630,20 @@ class DebugStage(Stage):
       return "no tests"
     if result is None:
       return "error"
-    lines = [f"{result.num_passed}/{len(tests)}"]
+    header = f"{result.num_passed}/{len(tests)}"
     verdict = getattr(result.verdict, "value", str(result.verdict))
     if result.verdict not in (sandbox.Verdict.PASSED, sandbox.Verdict.FAILED):
-      lines[0] += f" {verdict}"
+      header += f" {verdict}"
+    return self._format(header, tests, result.passed, result.outputs, result.test_errors)
+
+  def _format(self, header: str, tests, passed, outputs, errors) -> str:
+    """`header`, then `args->expected got actual` for each failed test, cut to
+    `max_obs_chars` (whole lines)."""
+    lines = [header]
     pad = len(tests)
-    outputs = tuple(result.outputs) + (None,) * (pad - len(result.outputs))
-    errors = tuple(result.test_errors) + (None,) * (pad - len(result.test_errors))
-    for t, ok, got, err in zip(tests, result.passed, outputs, errors):
+    outputs = tuple(outputs) + (None,) * (pad - len(outputs))
+    errors = tuple(errors) + (None,) * (pad - len(errors))
+    for t, ok, got, err in zip(tests, passed, outputs, errors):
       if ok:
         continue
       if err is not None:  # the call raised: show the exception's type
@@ -660,10 +678,22 @@ class DebugStage(Stage):
       return KEEP
     return _compact_reference(episode.task) or KEEP
 
-  def reference_observation(self, episode: Episode) -> str:
-    """The observation when the reference code passes everything (all public + own tests)."""
-    n = len(episode.task.public_examples) + len(episode.own_tests)
-    return f"{n}/{n}" if n else "no tests"
+  def reference_observation(self, episode: Episode, attempt=None) -> str:
+    """The observation of a reference episode.
+
+    Args:
+      episode: the reference episode so far.
+      attempt: None when the episode's code is the reference (it passes everything: all
+        public and own tests); else the trusted callable of a wrong first attempt (a
+        `synthetic.near_miss` program), run in process on the tests to show its failures.
+    """
+    tests = episode.task.public_examples + episode.own_tests
+    n = len(tests)
+    if attempt is None:
+      return f"{n}/{n}" if n else "no tests"
+    outputs = [attempt(*t.args) for t in tests]
+    passed = [task_lib.values_equal(o, t.expected) for o, t in zip(outputs, tests)]
+    return self._format(f"{sum(passed)}/{n}", tests, passed, outputs, ())
 
 
 _STAGE_CLASSES = {c.kind: c for c in (HypothesisStage, CodeStage, TestsStage, DebugStage)}
@@ -882,6 +912,17 @@ class Workflow:
 
   # ------------------------------------------------------------------------------ references
 
+  def _reference_near_miss(self, task: task_lib.Task):
+    """The near miss a reference episode of `task` starts from, or None (see
+    `WorkflowConfig.reference_fix_fraction`)."""
+    fraction = self.config.reference_fix_fraction
+    if fraction <= 0 or not any(isinstance(s, DebugStage) for s in self.stages):
+      return None
+    draw = int.from_bytes(hashlib.sha256(f"fix:{task.task_id}".encode()).digest()[:8], "big")
+    if draw / 2.0**64 >= fraction:
+      return None
+    return synthetic.near_miss(task)
+
   def reference_outputs(self, task: task_lib.Task) -> list[str]:
     """The ideal output of every stage (closing delimiter included)."""
     return [s.output for s in self.reference_segments(task)]
@@ -901,14 +942,23 @@ class Workflow:
     if task.reference_solution is None:
       raise ValueError(f"task {task.task_id!r} has no reference_solution")
     ep = Episode(task=task)
+    miss = self._reference_near_miss(task)
+    fixed = False
     for k, stage in enumerate(self.stages):
       if isinstance(stage, DebugStage):
-        opening = OBS_OPEN + stage.reference_observation(ep) + OBS_CLOSE + stage.open_token
+        attempt = miss if (miss is not None and not fixed) else None
+        opening = (OBS_OPEN + stage.reference_observation(ep, attempt) + OBS_CLOSE
+                   + stage.open_token)
       else:
         opening = stage.openings([ep], None, _Guard(stage.name, collections.Counter()))[0]
       if k == 0:
         opening = task.prompt + opening
-      body = stage.reference_output(ep)
+      if miss is not None and isinstance(stage, CodeStage):
+        body = miss.expression(task.param_names[0])  # the failing first attempt
+      elif miss is not None and isinstance(stage, DebugStage) and not fixed:
+        body, fixed = _compact_reference(task), True  # the fix
+      else:
+        body = stage.reference_output(ep)
       try:
         parsed = stage.parse(body, ep)
         stage.apply(ep, parsed)

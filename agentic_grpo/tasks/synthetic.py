@@ -315,6 +315,34 @@ def is_ambiguous(task: task_lib.Task, radius: int = 1) -> bool:
                            [e.args[0] for e in task.hidden_tests], radius) is not None
 
 
+def near_miss(task: task_lib.Task) -> Optional[Program]:
+  """A wrong program one edit from `task`'s reference that fails at least one public example.
+
+  The first such neighbour (`neighbors`, radius 1; substitutions before deletions and
+  insertions, each in an order drawn from the task id), so the choice is a pure function of the
+  task. Used for reference episodes that show a failing first
+  attempt and its fix (`WorkflowConfig.reference_fix_fraction`).
+
+  Returns:
+    The program, or None when `task` is not a synthetic task (no `program` in its metadata) or
+    every neighbour passes the public examples.
+  """
+  key = task.metadata.get("program")
+  if key is None:
+    return None
+  program = parse_program(key)
+  inputs = [e.args[0] for e in task.public_examples]
+  expected = [e.expected for e in task.public_examples]
+  candidates = list(_cached_neighbors(program))
+  random.Random(task.task_id).shuffle(candidates)
+  # Substitutions first (the confusions a model makes), then deletions and insertions.
+  candidates.sort(key=lambda q: abs(len(q.prims) - len(program.prims)))
+  for q in candidates:
+    if not _same(_outputs(q, inputs), expected):
+      return q
+  return None
+
+
 # ------------------------------------------------------------------------------- generator
 
 
