@@ -5,6 +5,7 @@ from absl.testing import parameterized
 import ml_collections
 
 from agentic_grpo import config as config_lib
+from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
@@ -12,7 +13,7 @@ from experiments import tiny_codegen
 
 class ConfigTest(parameterized.TestCase):
 
-  @parameterized.parameters(tiny_codegen, outcome_grpo, full_workflow)
+  @parameterized.parameters(tiny_codegen, outcome_grpo, full_workflow, code_debug)
   def test_experiments_resolve(self, module):
     cfg = config_lib.from_config_dict(module.get_config())
     self.assertIsInstance(cfg, config_lib.TrainConfig)

@@ -19,6 +19,7 @@ from agentic_grpo import sharding
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
@@ -111,7 +112,8 @@ class TrainTest(parameterized.TestCase):
       train.paired_gain(before[:1], after[:1])
 
   @parameterized.named_parameters(("agentic", tiny_codegen), ("outcome", outcome_grpo),
-                                  ("full_workflow", full_workflow))
+                                  ("full_workflow", full_workflow),
+                                  ("code_debug", code_debug))
   def test_experiment_runs_two_steps(self, module):
     cfg = _micro(module)
     workdir = self.create_tempdir().full_path
@@ -130,7 +132,8 @@ class TrainTest(parameterized.TestCase):
     for r in rows:
       p = r["eval/pass@1"]
       self.assertAlmostEqual(r["eval/pass@1_stderr"], np.sqrt(p * (1 - p) / 2))
-    for key in ("loss/loss", "loss/clip_fraction", "loss/kl", "reward/hypothesis",
+    first_stage = module.get_config().workflow.stages[0]
+    for key in ("loss/loss", "loss/clip_fraction", "loss/kl", f"reward/{first_stage}",
                 "tokens_per_s", "replay/total_stale_dropped_segments",
                 "replay/total_corrections"):
       self.assertIn(key, rl)
