@@ -934,7 +934,9 @@ class Workflow:
     expression when it is a one-line `return`); tests: the k shortest hidden tests that are
     not public inputs; debug: `keep` (or the code again). Observations assume that the
     reference passes its public examples (true of synthetic tasks by construction; checked
-    against a real run by the tests).
+    against a real run by the tests). With `reference_fix_fraction`, a drawn share of episodes
+    writes a near miss as its code, shows its failures (run in process: it is the task
+    generator's own program) in the first debug stage, and writes the reference there.
 
     Raises:
       ValueError: if the task has no reference solution.
