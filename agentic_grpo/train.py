@@ -402,11 +402,11 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   out = {"eval/pass@1": p1,
          "eval/pass@1_stderr": math.sqrt(p1 * (1.0 - p1) / max(len(passed), 1)),
          "eval/hidden_frac": float(np.mean(final[:, 0]))}
-  if baseline is not None and len(baseline) == len(passed) and len(passed) > 1:
-    out["eval/pass@1_gain"], out["eval/pass@1_gain_stderr"] = paired_gain(baseline, passed)
-  elif baseline is not None:
+  if baseline is not None and len(baseline) != len(passed):
     logging.warning("no paired gain: the warm-start was evaluated on %d held-out tasks, this "
                     "evaluation on %d (task.eval_size changed?)", len(baseline), len(passed))
+  elif baseline is not None and len(passed) > 1:
+    out["eval/pass@1_gain"], out["eval/pass@1_gain_stderr"] = paired_gain(baseline, passed)
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
   n = cfg.eval.num_samples
