@@ -350,8 +350,11 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
   rl = [r for r in history if r.get("phase") == "rl" and "reward/final" in r]
   if rl:
     ax2.plot([r["step"] for r in rl], [r["reward/final"] for r in rl], label="final reward")
-    for key in sorted({k for r in rl for k in r if k.startswith("reward/") and k != "reward/final"}):
-      pts = [(r["step"], r[key]) for r in rl if key in r]
+    # Stage rewards are logged at the step their stage closed, not only with the final reward.
+    rl_all = [r for r in history if r.get("phase") == "rl"]
+    for key in sorted({k for r in rl_all for k in r
+                       if k.startswith("reward/") and k != "reward/final"}):
+      pts = [(r["step"], r[key]) for r in rl_all if key in r]
       ax2.plot(*zip(*pts), alpha=0.6, label=key.split("/", 1)[1])
   ax2.set_xlabel("step")
   ax2.set_title("training rewards")
