@@ -226,12 +226,17 @@ class LossSection:
 
 @dataclasses.dataclass(frozen=True)
 class CorrectionSection:
-  """Retroactive correction and advantage options (DESIGN.md §1-2)."""
+  """Retroactive correction and advantage options (DESIGN.md §1-2).
+
+  `baseline='previous_stage'` subtracts each member's previous-stage reward before the group
+  normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).
+  """
   enabled: bool = True
   target: str = "outcome"
   gamma: float = 1.0
   beta: float = 0.0
   scale: str = "std"
+  baseline: str = "none"
   max_staleness: int = 8
   staleness_mode: str = "drop"
 
@@ -239,6 +244,7 @@ class CorrectionSection:
     _choice(f"{path}.target", self.target, ("outcome", "return", "mixed"))
     _check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
     _choice(f"{path}.scale", self.scale, ("std", "none"))
+    _choice(f"{path}.baseline", self.baseline, ("none", "previous_stage"))
     _check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
            self.max_staleness)
     _choice(f"{path}.staleness_mode", self.staleness_mode, ("drop", "linear"))

@@ -165,6 +165,7 @@ class StagedReplay:
       gamma: float = 1.0,
       beta: float = 0.0,
       scale: str = "std",
+      baseline: str = "none",
       max_staleness: int = 4,
       staleness_mode: str = "drop",
       capacity: int = 4096,
@@ -184,6 +185,8 @@ class StagedReplay:
       gamma: discount for `return`.
       beta: provisional share for `mixed`.
       scale: group normalisation, `std` or `none`.
+      baseline: per-stage baseline subtracted before normalising, provisional and target alike
+        (`core.advantages.stage_baselines`): `none` or `previous_stage`.
       max_staleness: policy versions after which a segment is dropped / weighs 0.
       staleness_mode: `drop` or `linear` (`core.correction.staleness_weights`).
       capacity: most segments held at once (>= group_size * num_stages).
@@ -201,6 +204,7 @@ class StagedReplay:
       raise ValueError(f"num_stages must be >= 1, got {num_stages}")
     _check_choice("target_mode", target_mode, advantages_lib.TARGET_MODES)
     _check_choice("scale", scale, advantages_lib.SCALES)
+    _check_choice("baseline", baseline, advantages_lib.BASELINES)
     _check_choice("staleness_mode", staleness_mode, correction_lib.STALENESS_MODES)
     _check_choice("when_full", when_full, WHEN_FULL)
     if max_staleness < 0:
@@ -218,6 +222,7 @@ class StagedReplay:
     self.gamma = float(gamma)
     self.beta = float(beta)
     self.scale = scale
+    self.baseline = baseline
     self.max_staleness = int(max_staleness)
     self.staleness_mode = staleness_mode
     self.capacity = int(capacity)
@@ -348,6 +353,9 @@ class StagedReplay:
     segs = [[self._episodes[e].segments[stage] for e in eps] for eps in members]
     r = np.array([[s.reward for s in row] for row in segs], np.float32)
     v = np.array([[s.valid for s in row] for row in segs], bool)
+    if self.baseline == "previous_stage" and stage > 0:
+      prev = [[self._episodes[e].segments[stage - 1] for e in eps] for eps in members]
+      r = r - np.array([[p.reward if p.valid else 0.0 for p in row] for row in prev], np.float32)
     adv = np.asarray(advantages_lib.group_advantages(r, v, scale=self.scale), np.float32)
     made = 0
     for eps, row, adv_row in zip(members, segs, adv):
@@ -408,7 +416,7 @@ class StagedReplay:
     final = np.array([[ep.final_reward for ep in row] for row in eps], np.float32)
     target = advantages_lib.target_advantages(
         r, final, mode=self.target_mode, gamma=self.gamma, beta=self.beta, valid=valid,
-        scale=self.scale)
+        scale=self.scale, baseline=self.baseline)
     delta = np.asarray(correction_lib.correction_advantages(applied, target), np.float32)
     target = np.asarray(target, np.float32)
     made = 0

@@ -532,7 +532,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       group_size=cfg.rl.group_size, num_stages=comp.num_stages,
       stage_rewards=cfg.workflow.stage_rewards, correction=cfg.correction.enabled,
       target_mode=cfg.correction.target, gamma=cfg.correction.gamma, beta=cfg.correction.beta,
-      scale=cfg.correction.scale, max_staleness=cfg.correction.max_staleness,
+      scale=cfg.correction.scale, baseline=cfg.correction.baseline, max_staleness=cfg.correction.max_staleness,
       staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
       when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
       pack_corrections=cfg.replay.pack_corrections)

@@ -143,12 +143,38 @@ class TargetAdvantagesTest(parameterized.TestCase):
       np.testing.assert_allclose(provisional[..., k], advantages.group_advantages(self.r[..., k]),
                                  atol=1e-6)
 
+  def test_previous_stage_baseline_matches_hand_computed_values(self):
+    # One group of 4, stages (code, debug): the debug stage is credited with what it changed.
+    r = jnp.asarray([[[1, 1], [0, 1], [0, 0], [1, 0]]], jnp.float32)
+    final = jnp.asarray([[1, 1, 0, 0]], jnp.float32)
+    np.testing.assert_allclose(
+        advantages.stage_baselines(r, jnp.ones(r.shape, bool), "previous_stage"),
+        [[[0, 1], [0, 0], [0, 0], [0, 1]]])
+    # Debug deltas r_1 - r_0 = (0, 1, 0, -1); code stage keeps its own reward.
+    np.testing.assert_allclose(
+        advantages.provisional_advantages(r, scale="none", baseline="previous_stage"),
+        [[[.5, 0], [-.5, 1], [-.5, 0], [.5, -1]]], atol=1e-6)
+    # Targets R - b: stage 0 (1, 1, 0, 0), stage 1 (0, 1, 0, -1).
+    np.testing.assert_allclose(
+        advantages.target_advantages(r, final, mode="outcome", scale="none",
+                                     baseline="previous_stage"),
+        [[[.5, 0], [.5, 1], [-.5, 0], [-.5, -1]]], atol=1e-6)
+
+  @parameterized.parameters("outcome", "return", "mixed")
+  def test_no_baseline_is_the_default(self, mode):
+    np.testing.assert_allclose(
+        advantages.target_advantages(self.r, self.final, mode=mode, gamma=0.9, beta=0.3),
+        advantages.target_advantages(self.r, self.final, mode=mode, gamma=0.9, beta=0.3,
+                                     baseline="none"), atol=1e-6)
+
   def test_invalid_stages_get_zero(self):
     valid = jnp.ones((2, 4, 3), bool).at[0, 1, 2].set(False)
     for mode in advantages.TARGET_MODES:
-      target = advantages.target_advantages(self.r, self.final, mode=mode, valid=valid)
-      self.assertEqual(float(target[0, 1, 2]), 0.0, mode)
-      self.assertTrue(np.all(np.isfinite(target)))
+      for baseline in advantages.BASELINES:
+        target = advantages.target_advantages(self.r, self.final, mode=mode, valid=valid,
+                                              baseline=baseline)
+        self.assertEqual(float(target[0, 1, 2]), 0.0, mode)
+        self.assertTrue(np.all(np.isfinite(target)))
 
   def test_jit(self):
     fn = jax.jit(advantages.target_advantages, static_argnames=("mode", "scale"))
@@ -160,6 +186,7 @@ class TargetAdvantagesTest(parameterized.TestCase):
       ("mode", dict(mode="hindsight"), "mode"),
       ("gamma", dict(mode="return", gamma=1.5), "gamma"),
       ("scale", dict(mode="outcome", scale="max"), "scale"),
+      ("baseline", dict(mode="outcome", baseline="critic"), "baseline"),
   )
   def test_rejects_bad_options(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, name):

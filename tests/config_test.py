@@ -53,6 +53,8 @@ class ConfigTest(parameterized.TestCase):
        r"config\.loss\.max_tokens must be > 0"),
       ("section", {"rl": 3}, r"config\.rl must be a section"),
       ("schedule", {"optim": {"schedule": "linear"}}, r"config\.optim\.schedule must be"),
+      ("baseline", {"correction": {"baseline": "critic"}},
+       r"config\.correction\.baseline must be one of"),
       ("rules", {"mesh": {"logical_axis_rules": (("embed", "fsdp,model"),)}},
        r"config\.mesh\.logical_axis_rules\[0\] must name mesh axes"),
   )

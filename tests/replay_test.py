@@ -103,11 +103,13 @@ class StagedReplayTest(parameterized.TestCase):
       np.testing.assert_allclose(batch.advantages[r], np.where(batch.loss_mask[r], adv, 0.0))
 
   @parameterized.product(target_mode=("outcome", "return", "mixed"),
-                         pack=(True, False), skip_zero=(True, False))
-  def test_provisional_plus_correction_equals_target(self, target_mode, pack, skip_zero):
+                         pack=(True, False), skip_zero=(True, False),
+                         baseline=("none", "previous_stage"))
+  def test_provisional_plus_correction_equals_target(self, target_mode, pack, skip_zero,
+                                                     baseline):
     rng = np.random.default_rng(2)
     replay = _make(target_mode=target_mode, gamma=0.9, beta=0.3, pack_corrections=pack,
-                   skip_zero_advantage=skip_zero)
+                   skip_zero_advantage=skip_zero, baseline=baseline)
     num_groups = 3
     ids = np.arange(num_groups * G).reshape(num_groups, G)
     eps = _Episodes(rng, ids.ravel())
@@ -121,6 +123,8 @@ class StagedReplayTest(parameterized.TestCase):
     final_r = rng.integers(0, 3, size=(num_groups, G)).astype(np.float32) / 2
     total = collections.defaultdict(float)
     kinds = collections.Counter()
+    provisional = np.asarray(advantages_lib.provisional_advantages(
+        stage_r, valid, baseline=baseline))
     for k in range(S):
       toks, masks, blps = eps.stage(ids.ravel())
       replay.add_stage(ids.ravel(), k, toks, masks, blps, k, stage_r[..., k].ravel(),
@@ -128,6 +132,7 @@ class StagedReplayTest(parameterized.TestCase):
       for b in _drain(replay, k):
         kinds.update(b.kinds)
         for e, s, a in b.segments:
+          self.assertAlmostEqual(a, float(provisional.reshape(-1, S)[e, s]), places=5)
           total[(e, s)] += a
     replay.finish(ids.ravel(), final_r.ravel())
     for b in _drain(replay, S):
@@ -135,7 +140,8 @@ class StagedReplayTest(parameterized.TestCase):
       for e, s, a in b.segments:
         total[(e, s)] += a
     target = np.asarray(advantages_lib.target_advantages(
-        stage_r, final_r, mode=target_mode, gamma=0.9, beta=0.3, valid=valid))
+        stage_r, final_r, mode=target_mode, gamma=0.9, beta=0.3, valid=valid,
+        baseline=baseline))
     if target_mode == "outcome":  # Independent check of the outcome target.
       for g in range(num_groups):
         np.testing.assert_allclose(target[g, valid[g].all(-1), 0],

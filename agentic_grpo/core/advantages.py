@@ -7,7 +7,9 @@ Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training") drops the div
 Agentic GRPO scores every *stage* of an episode. `provisional_advantages` normalises stage rewards
 within the group, stage by stage (the advantage applied right after a stage completes);
 `target_advantages` gives the advantage each stage should have had once the final reward is
-known (DESIGN.md §2: modes `outcome`, `return`, `mixed`).
+known (DESIGN.md §2: modes `outcome`, `return`, `mixed`). Both can subtract a per-stage
+baseline first (`stage_baselines`): with `previous_stage`, a stage is credited with what it
+changed, not with the score the episode already had when it began.
 
 All functions are pure and jit-able; option strings are static.
 """
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 
 SCALES = ("std", "none")
 TARGET_MODES = ("outcome", "return", "mixed")
+BASELINES = ("none", "previous_stage")
 
 # A group whose rewards span less than this many ulps (of the input dtype, relative to the
 # rewards' magnitude) counts as all-equal and gets advantage exactly 0.
@@ -131,11 +134,43 @@ def _per_stage(values: jax.Array, valid: jax.Array, scale: str) -> jax.Array:
   return jnp.swapaxes(adv, 1, 2)
 
 
+def stage_baselines(stage_rewards: jax.Array, valid: jax.Array, baseline: str) -> jax.Array:
+  """Per-member, per-stage baselines `b[i, k]`, known before stage k acts.
+
+  * `none`: 0.
+  * `previous_stage`: the reward of the member's stage k-1 (0 for the first stage, or when
+    stage k-1 was skipped): a stage is credited with what it added to the score the episode
+    already had. Potential-based shaping (Ng, Harada & Russell, 1999) with the previous stage's
+    score as the potential; as a function of the state before stage k acts, the baseline leaves
+    the policy gradient unbiased (Williams, 1992; Sutton et al., 2000). Example, stages
+    code -> debug scored on the public examples: `keep` after passing code gets 0 (it changed
+    nothing), a fix +1, breaking passing code -1, instead of every stage sharing the episode's
+    outcome.
+
+  Args:
+    stage_rewards: `[B, G, S]` float.
+    valid: `[B, G, S]` bool; an invalid (skipped) stage counts as reward 0 for the next one.
+    baseline: `"none"` or `"previous_stage"`.
+
+  Returns:
+    `[B, G, S]` float32.
+
+  Raises:
+    ValueError: for an unknown `baseline`.
+  """
+  _check_option("baseline", baseline, BASELINES)
+  r = jnp.where(valid, stage_rewards.astype(jnp.float32), 0.0)
+  if baseline == "none":
+    return jnp.zeros_like(r)
+  return jnp.concatenate([jnp.zeros_like(r[..., :1]), r[..., :-1]], axis=-1)
+
+
 def provisional_advantages(
     stage_rewards: jax.Array,
     valid: Optional[jax.Array] = None,
     *,
     scale: str = "std",
+    baseline: str = "none",
 ) -> jax.Array:
   """Provisional advantages `Â[i, k] = norm_group(r[:, k])[i]` (DESIGN.md §1).
 
@@ -144,6 +179,7 @@ def provisional_advantages(
       whole group has completed.
     valid: optional `[B, G, S]` (or `[B, G]`) bool; False marks a stage the episode skipped.
     scale: `"std"` or `"none"`, as in `group_advantages`.
+    baseline: `"none"` or `"previous_stage"` (`stage_baselines`): normalise `r[:, k] - b[:, k]`.
 
   Returns:
     `[B, G, S]` float32; 0 where invalid.
@@ -153,7 +189,8 @@ def provisional_advantages(
   """
   _check_option("scale", scale, SCALES)
   stage_rewards, _, valid = _check_staged(stage_rewards, None, valid)
-  return _per_stage(stage_rewards, valid, scale)
+  values = stage_rewards - stage_baselines(stage_rewards, valid, baseline)
+  return _per_stage(values, valid, scale)
 
 
 def discounted_returns(stage_rewards: jax.Array, final_rewards: jax.Array,
@@ -177,6 +214,7 @@ def target_advantages(
     beta: float = 0.0,
     valid: Optional[jax.Array] = None,
     scale: str = "std",
+    baseline: str = "none",
 ) -> jax.Array:
   """Target advantages `A*[i, k]`: what each stage should have received in hindsight.
 
@@ -188,6 +226,9 @@ def target_advantages(
     * `mixed`: `A*[i, k] = norm_group(R)[i] + β · Â[i, k]`, keeping a share of the provisional
       advantage `Â` (see `provisional_advantages`).
 
+  With a `baseline` other than `none`, `R` and `G[:, k]` above become `R - b[:, k]` and
+  `G[:, k] - b[:, k]` (`stage_baselines`), normalised per stage, and `Â` is the provisional
+  advantage with the same baseline.
   Args:
     stage_rewards: `[B, G, S]` float; a skipped stage holds 0.
     final_rewards: `[B, G]` float, the final (outcome) reward `R`.
@@ -197,24 +238,30 @@ def target_advantages(
     valid: optional `[B, G, S]` or `[B, G]` bool. A member with no valid stage is left out of the
       outcome statistics; invalid stages get target 0.
     scale: `"std"` or `"none"`, as in `group_advantages`.
+    baseline: `"none"` or `"previous_stage"`, see `stage_baselines`.
 
   Returns:
     `[B, G, S]` float32.
 
   Raises:
-    ValueError: for an unknown `mode`/`scale`, `gamma` outside [0, 1], or mismatched shapes.
+    ValueError: for an unknown `mode`/`scale`/`baseline`, `gamma` outside [0, 1], or mismatched
+      shapes.
   """
   _check_option("mode", mode, TARGET_MODES)
   _check_option("scale", scale, SCALES)
   if isinstance(gamma, (int, float)) and not 0.0 <= gamma <= 1.0:  # Traced values pass.
     raise ValueError(f"gamma must be in [0, 1], got {gamma}")
   stage_rewards, final_rewards, valid = _check_staged(stage_rewards, final_rewards, valid)
+  b = stage_baselines(stage_rewards, valid, baseline)
   if mode == "return":
     returns = discounted_returns(stage_rewards, final_rewards, gamma)
-    return _per_stage(returns, valid, scale)
-  member_valid = valid.any(-1)
-  outcome = group_advantages(final_rewards, member_valid, scale=scale)
-  target = jnp.where(valid, outcome[..., None], 0.0)
+    return _per_stage(returns - b, valid, scale)
+  if baseline == "none":
+    member_valid = valid.any(-1)
+    outcome = group_advantages(final_rewards, member_valid, scale=scale)
+    target = jnp.where(valid, outcome[..., None], 0.0)
+  else:
+    target = _per_stage(final_rewards.astype(jnp.float32)[..., None] - b, valid, scale)
   if mode == "mixed":
-    target = target + beta * _per_stage(stage_rewards, valid, scale)
+    target = target + beta * _per_stage(stage_rewards - b, valid, scale)
   return target
