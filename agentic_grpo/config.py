@@ -325,7 +325,8 @@ class WarmstartSection:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-  """Held-out evaluation: greedy pass@1 and sampled pass@k (Chen et al., 2021)."""
+  """Held-out evaluation: greedy pass@1 and sampled pass@k (Chen et al., 2021), the samples
+  drawn at `temperature` (with `rl.top_k` / `rl.top_p`)."""
   every: int = 20
   num_samples: int = 4
   k: tuple[int, ...] = (1, 4)

@@ -213,8 +213,11 @@ def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
   return {"tokens": tokens, "loss_mask": mask}
 
 
-def make_sample_fn(comp: Components, seed: int):
+def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = None):
   """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform.
+
+  `temperature` defaults to `rl.temperature` (the behaviour policy's); evaluation passes
+  `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way.
 
   Jitted over the run's mesh with explicit shardings (`sharding.sampler_shardings`). In a
   multi-process run it is a collective: each process passes its own rows, the processes agree
@@ -222,6 +225,8 @@ def make_sample_fn(comp: Components, seed: int):
   and each gets its own rows back.
   """
   cfg = comp.cfg
+  if temperature is None:
+    temperature = cfg.rl.temperature
   tok = comp.tokenizer
   wf = comp.workflow_factory()
   stop_ids = [tok.token_id(s) for s in wf.stop_tokens()]
@@ -236,7 +241,7 @@ def make_sample_fn(comp: Components, seed: int):
       buckets = (sampler_lib.prompt_bucket(longest, cfg.rl.buckets),)
     out = sampler_lib.sample(
         comp.graphdef, params, prompts, lengths, key, max_new_tokens=cfg.workflow.max_new_tokens,
-        temperature=cfg.rl.temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
+        temperature=temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
         stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=buckets,
         shardings=shardings)
     return sharding.local_rows((out.tokens, out.lengths, out.logprobs))
@@ -414,8 +419,9 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
     out[f"eval/reward/{name}"] = float(np.mean(r))
   n = cfg.eval.num_samples
   if sampled and n > 0:
-    final_s, _ = agent.run_episodes(params, tasks, greedy=False, repeats=n,
-                                    rng_counter=-(1 << 20), workflow_factory=factory)
+    final_s, _ = agent.run_episodes(
+        params, tasks, greedy=False, repeats=n, rng_counter=-(1 << 20), workflow_factory=factory,
+        sample_fn=make_sample_fn(comp, cfg.seed, temperature=cfg.eval.temperature))
     final_s = gather(final_s)
     correct = (final_s >= 1.0).sum(axis=1)
     for k in cfg.eval.k:

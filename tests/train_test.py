@@ -6,6 +6,7 @@ set of compilations.
 
 import json
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -144,6 +145,28 @@ class TrainTest(parameterized.TestCase):
     self.assertNotEmpty(os.listdir(os.path.join(workdir, "tb")))
     self.assertEqual(checkpointing.Checkpointer(os.path.join(workdir, "checkpoints")
                                                 ).latest_step(), 2)
+
+  def test_sample_fn_temperature(self):
+    cfg = _micro(tiny_codegen, **{"rl.temperature": 1.0})
+    comp = train.build(cfg, pool=self.pool)
+    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
+    prompts = np.tile(np.arange(1, 9, dtype=np.int32), (4, 1))
+    lengths = np.full((4,), 8, np.int32)
+    greedy = train.make_sample_fn(comp, 0)(params, prompts, lengths, 1, True)[0]
+    hot = train.make_sample_fn(comp, 0)(params, prompts, lengths, 1, False)[0]
+    cold = train.make_sample_fn(comp, 0, temperature=1e-4)(params, prompts, lengths, 1, False)[0]
+    # A random model at rl.temperature 1 samples near-uniformly; near 0 it samples the argmax.
+    np.testing.assert_array_equal(cold, greedy)
+    self.assertFalse(np.array_equal(hot, greedy))
+
+  def test_sampled_evaluation_uses_eval_temperature(self):
+    cfg = _micro(tiny_codegen, **{"rl.temperature": 0.5, "eval.temperature": 0.8,
+                                  "rl.num_steps": 0})
+    with mock.patch.object(train, "make_sample_fn", wraps=train.make_sample_fn) as made:
+      train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
+    temperatures = [c.kwargs.get("temperature") for c in made.call_args_list]
+    self.assertIn(None, temperatures)  # the agent loop's: rl.temperature
+    self.assertIn(0.8, temperatures)  # sampled pass@k
 
   def test_faults_are_counted_and_do_not_stop_the_run(self):
     cfg = _micro(tiny_codegen, **{"rl.num_steps": 4})

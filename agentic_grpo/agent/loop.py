@@ -304,12 +304,13 @@ class AgentLoop:
     slot.job = self._submit(slot, slot.pending)
 
   def sample_contexts(self, params, contexts: Sequence[Sequence[int]], *, greedy: bool,
-                      rng_counter: Optional[int] = None
+                      rng_counter: Optional[int] = None, sample_fn: Optional[SampleFn] = None
                       ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     """Samples one stage for N contexts (N = `num_rows`); too-long contexts get no tokens.
 
     `rng_counter` selects the sampling key; by default the loop's own counter is advanced
-    (evaluation passes its own, so that it does not shift the training stream).
+    (evaluation passes its own, so that it does not shift the training stream). `sample_fn`
+    replaces the loop's own for this call (e.g. evaluation at its own temperature).
 
     Returns:
       `(gen, logprobs, sampled)`: per row generated ids and behaviour log-probs (ragged), and
@@ -330,7 +331,8 @@ class AgentLoop:
     if rng_counter is None:
       self.rng_counter += 1
       rng_counter = self.rng_counter
-    tokens, out_len, logprobs = self.sample_fn(params, prompts, lengths, rng_counter, greedy)
+    tokens, out_len, logprobs = (sample_fn or self.sample_fn)(params, prompts, lengths,
+                                                               rng_counter, greedy)
     tokens, out_len, logprobs = np.asarray(tokens), np.asarray(out_len), np.asarray(logprobs)
     gen, lps = [], []
     for i in range(n):
@@ -407,14 +409,15 @@ class AgentLoop:
 
   def run_episodes(self, params, tasks: Sequence[task_lib.Task], *, greedy: bool,
                    repeats: int = 1, rng_counter: int = -1,
-                   workflow_factory: Optional[Callable[[], workflow_lib.Workflow]] = None
+                   workflow_factory: Optional[Callable[[], workflow_lib.Workflow]] = None,
+                   sample_fn: Optional[SampleFn] = None
                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Runs whole episodes synchronously (evaluation; nothing goes to the replay).
 
     Tasks are repeated `repeats` times and padded to multiples of N rows (the sampler's fixed
     batch), so no new shapes are compiled. Sampling keys come from `rng_counter`,
     `rng_counter - 1`, ... (negative by default: disjoint from the training stream).
-    `workflow_factory` defaults to the loop's own.
+    `workflow_factory` and `sample_fn` default to the loop's own.
 
     Returns:
       `final [len(tasks), repeats]` final rewards and per-stage rewards
@@ -435,7 +438,7 @@ class AgentLoop:
         openings = wf.open_stage(episodes)
         contexts = [c + list(self.tokenizer.encode(o)) for c, o in zip(contexts, openings)]
         gen, _, _ = self.sample_contexts(params, contexts, greedy=greedy,
-                                         rng_counter=rng_counter)
+                                         rng_counter=rng_counter, sample_fn=sample_fn)
         rng_counter -= 1
         result = wf.close_stage(episodes, [self.tokenizer.decode(g.tolist()) for g in gen])
         contexts = [c + g.tolist() for c, g in zip(contexts, gen)]
