@@ -229,6 +229,7 @@ def target_advantages(
   With a `baseline` other than `none`, `R` and `G[:, k]` above become `R - b[:, k]` and
   `G[:, k] - b[:, k]` (`stage_baselines`), normalised per stage, and `Â` is the provisional
   advantage with the same baseline.
+
   Args:
     stage_rewards: `[B, G, S]` float; a skipped stage holds 0.
     final_rewards: `[B, G]` float, the final (outcome) reward `R`.
