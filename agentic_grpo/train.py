@@ -772,6 +772,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
               break
       if not stopping():
         log_rl(final=True)
+        metrics.progress(step, "rl")  # the bar shows the final evaluation's pass@1
     maybe_checkpoint(force=True)
   finally:
     metrics.close()

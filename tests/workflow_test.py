@@ -1,5 +1,8 @@
 """Tests for agentic_grpo.agent.workflow, with the real sandbox pool."""
 
+import subprocess
+import sys
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -387,6 +390,24 @@ class WorkflowTest(parameterized.TestCase):
 
 
 class ParseCodeTest(parameterized.TestCase):
+
+  def test_compiler_warnings_on_model_output_are_not_shown(self):
+    # `1if` draws "SyntaxWarning: invalid decimal literal"; turned into an error (`-W error`)
+    # it would also make the expression unparseable. Other sources still warn.
+    script = ("import ast, warnings\n"
+              "from agentic_grpo.agent import workflow\n"
+              "from agentic_grpo.tasks import task\n"
+              "t = task.Task(task_id='t', prompt='f(x:int)->int', entry_point='f',\n"
+              "              signature='f(x:int)->int', public_examples=(),\n"
+              "              hidden_tests=(task.Example((1,), 1),))\n"
+              "print(workflow.parse_code('1if x else 0', t), end='')\n"
+              "try:\n"
+              "  ast.parse('1if x else 0')\n"
+              "except SyntaxError:\n"
+              "  print('elsewhere: error')\n")
+    out = subprocess.run([sys.executable, "-W", "error::SyntaxWarning", "-c", script],
+                         capture_output=True, text=True, check=True)
+    self.assertEqual(out.stdout, "def f(x): return 1if x else 0\nelsewhere: error\n")
 
   def test_forms(self):
     task = _sort_task()

@@ -56,6 +56,7 @@ import dataclasses
 import hashlib
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
+import warnings
 
 from absl import logging
 import numpy as np
@@ -80,6 +81,10 @@ FRACTION = "fraction"
 ALL_PASS = "all_pass"
 REWARD_MODES = (FRACTION, ALL_PASS)
 _MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
+# The file name model outputs are parsed under: the compiler's SyntaxWarnings about them
+# (`1if x else y`: "invalid decimal literal") say nothing about the run and are not shown.
+_MODEL_SOURCE = "<model output>"
+warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_MODEL_SOURCE) + r"\Z")
 _SPECIAL_RE = re.compile(r"</?(?:pad|bos|eos|hyp|code|tests|debug|obs)>")
 
 
@@ -281,7 +286,7 @@ def parse_code(body: str, task: task_lib.Task) -> str:
     raise ParseError(f"code longer than {_MAX_OUTPUT_CHARS} characters")
   if "\n" not in stripped:
     try:
-      ast.parse(stripped, mode="eval")
+      ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")
       params = ",".join(task.param_names)
       return f"{task.code_context}def {task.entry_point}({params}): return {stripped}\n"
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -291,7 +296,7 @@ def parse_code(body: str, task: task_lib.Task) -> str:
       continue
     source = prefix + text
     try:
-      tree = ast.parse(source)
+      tree = ast.parse(source, filename=_MODEL_SOURCE)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
       continue
     if any(isinstance(n, ast.FunctionDef) and n.name == task.entry_point for n in tree.body):
