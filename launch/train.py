@@ -11,6 +11,7 @@ Restarting with the same `--workdir` resumes from its latest checkpoint.
 """
 
 import datetime
+import logging as std_logging
 import os
 
 from absl import app
@@ -34,6 +35,15 @@ _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
 
 
+class _DropCheckpointInfo(std_logging.Filter):
+  """Drops Orbax's INFO records (hundreds per run: every save's steps); its warnings and errors
+  pass. Kept with `--verbosity=1`."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return (record.levelno > std_logging.INFO
+            or f"{os.sep}orbax{os.sep}" not in record.pathname)
+
+
 def _fresh_workdir(config_path: str) -> str:
   name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -47,6 +57,8 @@ def _fmt(value) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if logging.get_verbosity() < 1:
+    logging.get_absl_handler().addFilter(_DropCheckpointInfo())
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
   sharding.initialize_distributed()
   workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
