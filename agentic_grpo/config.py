@@ -230,6 +230,8 @@ class CorrectionSection:
 
   `baseline='previous_stage'` subtracts each member's previous-stage reward before the group
   normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).
+  With `workflow.stage_rewards=False` no stage is scored, the baseline is 0, and the run stays
+  outcome-only GRPO.
   """
   enabled: bool = True
   target: str = "outcome"
