@@ -184,6 +184,25 @@ class StagedReplayTest(parameterized.TestCase):
       np.testing.assert_allclose(batch.advantages[r, :n], np.where(union, want[r], 0.0),
                                  atol=1e-5)
 
+  def test_outcome_only_runs_ignore_the_stage_baseline(self):
+    # Outcome-only runs score no stage (rewards 0): the previous-stage baseline is 0 and the
+    # rows are those of plain outcome GRPO.
+    def rows(baseline):
+      rng = np.random.default_rng(5)
+      replay = _make(stage_rewards=False, correction=False, baseline=baseline)
+      eps = _Episodes(rng, range(G))
+      replay.add_group(0, range(G))
+      for k in range(S):
+        toks, masks, blps = eps.stage(range(G))
+        replay.add_stage(range(G), k, toks, masks, blps, 0, np.zeros(G))
+      replay.finish(range(G), [1.0, 0.0, 0.5, 0.0])
+      return [(b.tokens, b.advantages) for b in _drain(replay)]
+    plain, with_baseline = rows("none"), rows("previous_stage")
+    self.assertNotEmpty(plain)
+    for (t0, a0), (t1, a1) in zip(plain, with_baseline, strict=True):
+      np.testing.assert_array_equal(t0, t1)
+      np.testing.assert_allclose(a0, a1, atol=1e-6)
+
   def test_no_correction_leaves_provisional_only(self):
     rng = np.random.default_rng(4)
     replay = _make(correction=False, num_stages=1)
