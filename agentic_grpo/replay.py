@@ -350,13 +350,13 @@ class StagedReplay:
     if not self.stage_rewards:
       return 0
     members = [self._groups[g].episodes for g in group_ids]
-    segs = [[self._episodes[e].segments[stage] for e in eps] for eps in members]
-    r = np.array([[s.reward for s in row] for row in segs], np.float32)
-    v = np.array([[s.valid for s in row] for row in segs], bool)
-    if self.baseline == "previous_stage" and stage > 0:
-      prev = [[self._episodes[e].segments[stage - 1] for e in eps] for eps in members]
-      r = r - np.array([[p.reward if p.valid else 0.0 for p in row] for row in prev], np.float32)
-    adv = np.asarray(advantages_lib.group_advantages(r, v, scale=self.scale), np.float32)
+    # Stages 0..stage of every member, `[B, G, stage + 1]`: the baseline may look back.
+    seen = [[self._episodes[e].segments[:stage + 1] for e in eps] for eps in members]
+    r = np.array([[[s.reward for s in ep] for ep in row] for row in seen], np.float32)
+    v = np.array([[[s.valid for s in ep] for ep in row] for row in seen], bool)
+    adv = np.asarray(advantages_lib.provisional_advantages(
+        r, v, scale=self.scale, baseline=self.baseline)[..., stage], np.float32)
+    segs = [[ep[stage] for ep in row] for row in seen]
     made = 0
     for eps, row, adv_row in zip(members, segs, adv):
       for e, s, a in zip(eps, row, adv_row):
