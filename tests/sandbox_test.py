@@ -20,6 +20,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo.agent import sandbox as sb
+from agentic_grpo.agent.sandbox import isolation
+from agentic_grpo.tasks import literals
 
 # Tight limits keep the adversarial suite fast; memory is the issue's 512 MiB.
 _LIMITS = sb.Limits(cpu_seconds=1.0, wall_seconds=2.0, memory_bytes=512 * 2**20,
@@ -27,7 +29,9 @@ _LIMITS = sb.Limits(cpu_seconds=1.0, wall_seconds=2.0, memory_bytes=512 * 2**20,
 # A verdict must arrive within the wall limit plus this (kill, reap, report).
 _SLACK_SECONDS = 2.5
 _FULL = sb.Isolation()
+# Without namespaces: Landlock where the kernel has it, and the audit hook alone.
 _FALLBACK = sb.Isolation(namespaces=False, drop_privileges=False)
+_HOOK_ONLY = sb.Isolation(namespaces=False, landlock=False, drop_privileges=False)
 
 
 def _proc_entries():
@@ -51,8 +55,8 @@ def _tagged_pids(tag: str) -> set[int]:
 
 def _sandbox_uid_pids() -> set[int]:
   """Processes running under one of this process's sandbox uids."""
-  lo = sb._slot_uid(0)  # pylint: disable=protected-access
-  hi = lo + sb._MAX_SLOTS  # pylint: disable=protected-access
+  lo = isolation.slot_uid(0)
+  hi = lo + isolation.MAX_SLOTS
   found = set()
   for pid in _proc_entries():
     try:
@@ -103,27 +107,6 @@ class _PoolCase(parameterized.TestCase):
 
 
 class ValuesTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(
-      ("int_vs_bool", 1, True, False),
-      ("int_vs_float", 1, 1.0, False),
-      ("list_vs_tuple", [1], (1,), False),
-      ("nested_types", {"a": [1, (2, 3.0)]}, {"a": [1, (2, 3.0)]}, True),
-      ("nested_type_differs", {"a": [1, (2, 3)]}, {"a": [1, (2, 3.0)]}, False),
-      ("float_close", 0.1 + 0.2, 0.3, True),
-      ("float_far", 0.3001, 0.3, False),
-      ("nan", float("nan"), float("nan"), True),
-      ("inf_sign", float("inf"), float("-inf"), False),
-      ("set_exact", {1, 2}, {2, 1}, True),
-      ("set_bool_vs_int", {True}, {1}, False),
-      ("dict_key_bool_vs_int", {True: "a"}, {1: "a"}, False),
-      ("dict_order_free", {1: "a", 2: "b"}, {2: "b", 1: "a"}, True),
-      ("str_vs_bytes", "a", b"a", False),
-      ("complex", 1 + 2j, 1 + 2j, True),
-      ("none", None, None, True),
-  )
-  def test_values_equal(self, actual, expected, equal):
-    self.assertEqual(sb.values_equal(actual, expected), equal)
 
   def test_iotest_rejects_non_literals(self):
     class Int(int):
@@ -183,7 +166,7 @@ class BasicsTest(_PoolCase):
     self.assertEqual(r.verdict, sb.Verdict.PASSED, r)
     for got, want in zip(r.outputs, values):
       self.assertIs(type(got), type(want))
-      self.assertTrue(sb.values_equal(got, want))
+      self.assertTrue(literals.values_equal(got, want))
     nan = self.pool.submit(_io("def f():\n  return float('nan')\n", ((), float("nan")))).result()
     self.assertEqual(nan.verdict, sb.Verdict.PASSED)
 
@@ -249,7 +232,7 @@ class BasicsTest(_PoolCase):
     self.assertLen(r.output_tail, 4096)
     self.assertNotIn("hello", r.output_tail)
     env_keys, cwd_is_home, listing = r.outputs[0]
-    self.assertEqual(env_keys, sorted(set(sb._ENV) | {"HOME", "TMPDIR"}))  # pylint: disable=protected-access
+    self.assertEqual(env_keys, sorted(set(isolation.ENV) | {"HOME", "TMPDIR"}))
     self.assertTrue(cwd_is_home)
     self.assertEqual(listing, [])  # Fresh working directory: the job file is gone.
 
@@ -292,8 +275,9 @@ class BasicsTest(_PoolCase):
 
   def test_isolation_info(self):
     info = self.pool.isolation_info
-    self.assertEqual(set(info), {"namespaces", "user_namespace", "tmpfs_workdir",
-                                 "drop_privileges", "fork_allowed"})
+    self.assertEqual(set(info), {"level", "namespaces", "user_namespace", "drop_privileges",
+                                 "fork_allowed", "audit_hook"})
+    self.assertIn(info["level"], sb.ISOLATION_LEVELS)
     if os.geteuid() == 0:
       self.assertTrue(info["drop_privileges"])
       self.assertTrue(info["fork_allowed"])
@@ -536,8 +520,13 @@ class AdversarialFullIsolationTest(_AdversarialBase):
 
 
 class AdversarialFallbackTest(_AdversarialBase):
-  """No namespaces, no uid change: the audit hook and rlimits alone."""
+  """No namespaces, no uid change: Landlock (where available), the audit hook and rlimits."""
   ISOLATION = _FALLBACK
+
+
+class AdversarialHookOnlyTest(_AdversarialBase):
+  """No namespaces, no Landlock, no uid change: the audit hook and rlimits alone."""
+  ISOLATION = _HOOK_ONLY
 
 
 class ManyProgramsTest(_PoolCase):
@@ -607,12 +596,16 @@ class LifecycleTest(parameterized.TestCase):
     self.assertEmpty(_sandbox_uid_pids())
 
   def test_network_namespace_has_no_route_to_host_loopback(self):
-    plan = sb._plan_for(sb.Isolation())  # pylint: disable=protected-access
-    with socket.create_server(("127.0.0.1", 0)) as listener:
+    plan = isolation.plan_for(sb.Isolation())
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+        tempfile.TemporaryDirectory() as new_root:
       port = listener.getsockname()[1]
       code = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
-      probe = subprocess.run(list(plan.prefix) + [plan.python, "-c", code],
-                             capture_output=True, timeout=30, check=False)
+      cmd = [plan.python, "-c", code]
+      if plan.namespaces:
+        cmd = (list(plan.prefix) + [new_root, "1048576", "1048576", isolation.RUNNER_PATH] +
+               list(plan.mount_entries) + ["--"] + cmd)
+      probe = subprocess.run(cmd, capture_output=True, timeout=30, check=False)
       listener.setblocking(False)
       if plan.namespaces:
         self.assertNotEqual(probe.returncode, 0)

@@ -7,6 +7,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo.tasks import synthetic
+from agentic_grpo.tasks import literals
 from agentic_grpo.tasks import task as task_lib
 
 _N = 300  # tasks per property check; about 3 s of generation.
@@ -38,7 +39,7 @@ class GrammarTest(parameterized.TestCase):
       fn = _exec_reference(prog.source())
       for _ in range(30):
         x = _random_input(rng, start)
-        self.assertTrue(task_lib.values_equal(fn(x), prog(x)), (p.name, x))
+        self.assertTrue(literals.values_equal(fn(x), prog(x)), (p.name, x))
 
   def test_random_compositions_render_with_right_precedence(self):
     rng = random.Random(1)
@@ -49,7 +50,7 @@ class GrammarTest(parameterized.TestCase):
       fn = _exec_reference(prog.source())
       for _ in range(5):
         x = _random_input(rng, prog.in_type)
-        self.assertTrue(task_lib.values_equal(fn(x), prog(x)), (prog.key, prog.source(), x))
+        self.assertTrue(literals.values_equal(fn(x), prog(x)), (prog.key, prog.source(), x))
 
   def test_parse_program_roundtrip_and_errors(self):
     prog = synthetic.parse_program("L:sort|sum|iadd2")
@@ -176,8 +177,8 @@ class GeneratorTest(parameterized.TestCase):
     for t in self.train:
       fn = _exec_reference(t.reference_solution)
       for ex in t.hidden_tests + t.public_examples:
-        self.assertTrue(task_lib.values_equal(fn(*ex.args), ex.expected), t.task_id)
-      self.assertTrue(task_lib.values_equal(fn(*t.probe), t.probe_expected))
+        self.assertTrue(literals.values_equal(fn(*ex.args), ex.expected), t.task_id)
+      self.assertTrue(literals.values_equal(fn(*t.probe), t.probe_expected))
 
   def test_task_shape(self):
     depths = set()

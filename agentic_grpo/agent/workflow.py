@@ -62,6 +62,7 @@ from absl import logging
 import numpy as np
 
 from agentic_grpo.agent import sandbox
+from agentic_grpo.tasks import literals
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
@@ -322,7 +323,8 @@ def _hidden_program(task: task_lib.Task, source: str) -> sandbox.Program:
   script = task.hidden_script or None
   return sandbox.Program(source, task.entry_point, io_tests=_io_tests(task.hidden_tests),
                          script_test=script,
-                         check_function=_check_function(script) if script else None)
+                         check_function=_check_function(script) if script else None,
+                         script_context=(task.code_context or None) if script else None)
 
 
 def _compact_reference(task: task_lib.Task) -> Optional[str]:
@@ -339,7 +341,7 @@ def _compact_reference(task: task_lib.Task) -> Optional[str]:
 
 
 def _is_copy(example: task_lib.Example, others: Sequence[task_lib.Example]) -> bool:
-  return any(task_lib.values_equal(example.args, o.args) for o in others)
+  return any(literals.values_equal(example.args, o.args) for o in others)
 
 
 def _is_trivial(example: task_lib.Example, min_len: int) -> bool:
@@ -476,7 +478,7 @@ class HypothesisStage(Stage):
       elif value is _UNPARSED:
         out.append(0.0)
       else:
-        out.append(guard(lambda: float(task_lib.values_equal(value, ep.task.probe_expected)),
+        out.append(guard(lambda: float(literals.values_equal(value, ep.task.probe_expected)),
                          0.0))
     return out
 
@@ -697,7 +699,7 @@ class DebugStage(Stage):
     if attempt is None:
       return f"{n}/{n}" if n else "no tests"
     outputs = [attempt(*t.args) for t in tests]
-    passed = [task_lib.values_equal(o, t.expected) for o, t in zip(outputs, tests)]
+    passed = [literals.values_equal(o, t.expected) for o, t in zip(outputs, tests)]
     return self._format(f"{sum(passed)}/{n}", tests, passed, outputs, ())
 
 

@@ -15,7 +15,6 @@ An example line is `ARGS->EXPECTED`, where ARGS are the call's arguments separat
 import ast
 import dataclasses
 import json
-import math
 from typing import Any, Mapping, Optional, Sequence
 
 ARROW = "->"
@@ -177,22 +176,6 @@ def parse_example(line: str) -> Example:
       return Example(parse_args(line[:pos]), parse_value(line[pos + len(ARROW):]))
     except ValueError:
       start = pos + 1
-
-
-def values_equal(a: Any, b: Any) -> bool:
-  """Strict equality of literals: same types all the way down (`True != 1`, `1 != 1.0`).
-
-  Floats compare exactly, except that two NaNs are equal.
-  """
-  if type(a) is not type(b):  # pylint: disable=unidiomatic-typecheck
-    return False
-  if isinstance(a, float):
-    return a == b or (math.isnan(a) and math.isnan(b))
-  if isinstance(a, (list, tuple)):
-    return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
-  if isinstance(a, dict):
-    return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
-  return a == b
 
 
 # ------------------------------------------------------------------------------- serialisation

@@ -1,0 +1,401 @@
+"""The sandbox pool: runs programs on workers and turns their reports into verdicts.
+
+Rewards come from running model-written code, so the code runs outside the
+trainer process, under OS limits, and is judged on evidence it cannot fake:
+
+* **I/O tests** (`IOTest`): only the arguments enter the sandbox. It calls the
+  entry point and reports the return value, encoded in the sandbox only if it
+  is a plain literal of exact builtin types; the trusted parent decodes it
+  and compares with the expected value type-strictly (`1 != 1.0 != True`).
+  An object with a rigged `__eq__` never leaves the sandbox.
+* **Script tests** (HumanEval's `check(candidate)`, MBPP's `assert` lines):
+  a pass needs positive evidence, a report line tagged with a per-run nonce
+  that the check process writes only after the test code returned. The test
+  runs in a process the program never ran in, against a proxy of the
+  candidate that takes and returns plain literals, so names, builtins or
+  modules the program redefines or patches cannot reach it. Exit status 0,
+  `sys.exit(0)` or `os._exit(0)` of the program count as errors.
+
+Each program runs in forked children of a per-worker server process
+(`runner.py`). Where the OS allows, the server is PID 1 of new PID, network,
+mount, IPC and UTS namespaces whose root is a minimal read-only view (the
+interpreter and its standard library) with private tmpfs working
+directories, /tmp, /var/tmp, /dev/shm and /run that are emptied after every
+job; otherwise Landlock confines it, or else only the audit hook does (see
+`isolation.py`; the level in force is logged and `Isolation.min_level` can
+require one). The children get: a new session; a fresh working directory; a
+scrubbed environment; rlimits on CPU seconds, address space, file size, open
+files and processes; a per-worker uid when running as root; and a PEP 578
+audit hook that refuses file access outside their working directory,
+sockets, exec/spawn, ctypes and frame or gc introspection. The server
+enforces the wall-clock deadline and the output caps, then kills every
+process the job left (all of its namespace, or all of its uid) before it
+reports.
+
+Typical use::
+
+  programs = [Program(source, "add", io_tests=(IOTest((1, 2), 3),))]
+  with SandboxPool(max_workers=4) as pool:
+    results = pool.map(programs)      # list[RunResult], in order
+  results[0].verdict                  # Verdict.PASSED
+
+The pool's threads only wait on pipes, so the pool overlaps with device work
+in the trainer process. A failure of the sandbox machinery itself becomes a
+`RunResult` with verdict `ERROR`; `map` and futures never raise for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import queue
+import secrets
+import shutil
+import tempfile
+import time
+from typing import Any, Sequence
+import weakref
+
+from agentic_grpo.agent.sandbox import isolation as isolation_lib
+from agentic_grpo.agent.sandbox import runner
+from agentic_grpo.agent.sandbox import values
+from agentic_grpo.agent.sandbox import worker as worker_lib
+from agentic_grpo.agent.sandbox.types import Isolation, Limits, Program, RunResult, Verdict
+from agentic_grpo.tasks import literals
+
+_OPEN_FILES = 64
+
+
+# ------------------------------------------------------------- verdicts
+def _job(program: Program, limits: Limits, plan: isolation_lib.Plan, nonce: bytes) -> dict:
+  """The job dict the server reads (marshal): the program, its test inputs and limits."""
+  if plan.drop_privileges:
+    nproc = limits.max_processes
+  elif plan.user_namespace:
+    nproc = limits.max_processes + 2  # unshare and the server share the count
+  else:
+    nproc = -1  # unbounded per sandbox: fork is refused instead
+  return {
+      "nonce": nonce,
+      "source": program.source,
+      "entry_point": program.entry_point,
+      "io_args": [t.args for t in program.io_tests],
+      "script_test": program.script_test,
+      "check_function": program.check_function,
+      "script_context": program.script_context,
+      "result_chars": limits.result_bytes,
+      "env": dict(isolation_lib.ENV),
+      "limits": {
+          "cpu": max(1, math.ceil(limits.cpu_seconds)),
+          "wall": float(limits.wall_seconds),
+          "memory": limits.memory_bytes,
+          "fsize": limits.file_size_bytes,
+          "nproc": nproc,
+          "nofile": _OPEN_FILES,
+          "output": limits.output_bytes,
+          "report": limits.result_bytes + 4096 + 1024 * len(program.io_tests),
+      },
+  }
+
+
+def _assemble(program: Program, limits: Limits, raw: worker_lib.Raw, nonce: bytes,
+              wall: float) -> RunResult:
+  """Turns the server's raw report into a RunResult (all checks happen here)."""
+  n_io = len(program.io_tests)
+  passed = [False] * n_io
+  outputs: list[Any] = [None] * n_io
+  test_errors: list[str | None] = [None] * n_io
+  seen = [False] * n_io
+  syntax = load_error = entry_error = internal = None
+  kinds = set()
+  script_passed = None if program.script_test is None else False
+  script_error = None
+  done = False
+  prefix = nonce + b" "
+  for line in raw.report.split(b"\n"):
+    if not line.startswith(prefix):
+      continue  # Unauthenticated: written by the program, or cut off.
+    parts = line[len(prefix):].split(b" ")
+    tag = parts[0]
+    try:
+      if tag == b"S":
+        syntax = worker_lib.unhex(parts[1])
+      elif tag == b"L":
+        kinds.add(parts[1].decode())
+        load_error = worker_lib.unhex(parts[2])
+      elif tag == b"N":
+        entry_error = worker_lib.unhex(parts[1])
+      elif tag == b"I":
+        internal = worker_lib.unhex(parts[1])
+      elif tag in (b"R", b"X"):
+        i = int(parts[1])
+        if not 0 <= i < n_io or seen[i]:
+          continue
+        seen[i] = True
+        if tag == b"R":
+          value = values.decode(parts[2])
+          outputs[i] = value
+          passed[i] = literals.values_equal(value, program.io_tests[i].expected)
+        else:
+          kind = parts[2].decode()
+          kinds.add(kind)
+          test_errors[i] = worker_lib.unhex(parts[3])
+      elif tag == b"C":
+        script_passed = program.script_test is not None
+      elif tag == b"F":
+        kinds.add(parts[1].decode())
+        script_error = worker_lib.unhex(parts[2])
+      elif tag == b"D":
+        done = True
+    except (IndexError, ValueError, UnicodeDecodeError, RecursionError, TypeError) as e:
+      internal = internal or f"malformed report line: {e}"
+  num_passed = sum(passed) + bool(script_passed)
+  num_tests = n_io + (program.script_test is not None)
+  first_test_error = next((e for e in test_errors if e is not None), None)
+  status = raw.status
+  if os.WIFSIGNALED(status):
+    exit_text = f"killed by signal {os.WTERMSIG(status)}"
+  elif os.WIFEXITED(status):
+    exit_text = f"exit status {os.WEXITSTATUS(status)}"
+  else:
+    exit_text = f"wait status {status}"
+  error = None
+  if syntax is not None:
+    verdict, error = Verdict.SYNTAX_ERROR, syntax
+  elif raw.reason in (runner.REASON_OUTPUT, runner.REASON_REPORT):
+    verdict = Verdict.OUTPUT_LIMIT
+    error = ("output exceeded %d bytes" % limits.output_bytes
+             if raw.reason == runner.REASON_OUTPUT else
+             "reported results exceeded %d bytes" % limits.result_bytes)
+  elif runner.KIND_OUTPUT in kinds:
+    verdict = Verdict.OUTPUT_LIMIT
+    error = "file size limit of %d bytes exceeded" % limits.file_size_bytes
+  elif raw.reason == runner.REASON_DEADLINE:
+    verdict, error = Verdict.TIMEOUT, "wall-clock limit of %gs exceeded" % limits.wall_seconds
+  elif raw.reason == runner.REASON_CPU:
+    verdict, error = Verdict.TIMEOUT, "CPU limit of %gs exceeded" % limits.cpu_seconds
+  elif runner.KIND_MEMORY in kinds:
+    verdict = Verdict.MEMORY_LIMIT
+    error = load_error or script_error or first_test_error or "MemoryError"
+  elif raw.reason == runner.REASON_SPAWN:
+    verdict, error = Verdict.ERROR, "sandbox could not start the program: " + raw.message
+  elif internal is not None:
+    verdict, error = Verdict.ERROR, "sandbox harness failed: " + internal
+  elif load_error is not None:
+    verdict, error = Verdict.ERROR, load_error
+  elif entry_error is not None:
+    verdict, error = Verdict.ERROR, entry_error
+  elif not done:
+    verdict = Verdict.ERROR
+    error = f"the program ended before its tests finished ({exit_text})"
+  elif num_passed == num_tests:
+    verdict = Verdict.PASSED
+  else:
+    verdict = Verdict.FAILED
+    error = first_test_error or script_error
+  return RunResult(
+      verdict=verdict,
+      passed=tuple(passed),
+      num_passed=num_passed,
+      num_tests=num_tests,
+      outputs=tuple(outputs),
+      output_tail=raw.tail.decode("utf-8", "replace"),
+      wall_seconds=wall,
+      error=error,
+      script_passed=script_passed,
+      test_errors=tuple(test_errors),
+      cpu_seconds=raw.cpu,
+  )
+
+
+def _error_result(program: Program, message: str, wall: float) -> RunResult:
+  n_io = len(program.io_tests)
+  return RunResult(
+      verdict=Verdict.ERROR, passed=(False,) * n_io, num_passed=0,
+      num_tests=n_io + (program.script_test is not None), outputs=(None,) * n_io,
+      output_tail="", wall_seconds=wall, error=message,
+      script_passed=None if program.script_test is None else False,
+      test_errors=(None,) * n_io)
+
+
+# ----------------------------------------------------------------- pool
+def _shutdown(workers, idle_slots, host_root):
+  """Stops the workers, frees their slots and removes the pool's host directory."""
+  for w in workers:
+    try:
+      w.stop()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  for slot in idle_slots:
+    isolation_lib.release_slot(slot)
+  idle_slots.clear()
+  shutil.rmtree(host_root, ignore_errors=True)
+
+
+class SandboxPool:
+  """A bounded pool that runs programs in sandboxes, in parallel.
+
+  Each of `max_workers` threads owns one sandbox server process (started on
+  first use, or by `start()`); each program runs in its own forked child of
+  that server. Threads only wait on pipes, so work overlaps with JAX in the
+  calling process.
+
+  Args:
+    max_workers: programs run at once (default: the number of CPUs).
+    limits: default `Limits` for programs submitted without their own.
+    isolation: see `Isolation`.
+    tag: label put on the command line of every sandbox process (default: a
+      random one), for auditing leftovers; available as `pool.tag`.
+
+  Raises:
+    ValueError: for a bad argument.
+    RuntimeError: if `isolation` requires what the machine cannot provide.
+  """
+
+  def __init__(self, max_workers: int | None = None, limits: Limits = Limits(), *,
+               isolation: Isolation = Isolation(), tag: str | None = None):
+    if max_workers is None:
+      max_workers = os.cpu_count() or 1
+    if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not (
+        1 <= max_workers <= isolation_lib.MAX_SLOTS):
+      raise ValueError(f"max_workers must be an int in [1, {isolation_lib.MAX_SLOTS}], got "
+                       f"{max_workers!r}")
+    if not isinstance(limits, Limits):
+      raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
+    if not isinstance(isolation, Isolation):
+      raise ValueError(f"isolation must be an Isolation, got {type(isolation).__name__}")
+    if tag is None:
+      tag = "agentic-grpo-sandbox-" + secrets.token_hex(6)
+    if not isinstance(tag, str) or not tag or not all(c.isalnum() or c in "-_." for c in tag):
+      raise ValueError(f"tag must be a non-empty string of [A-Za-z0-9._-], got {tag!r}")
+    self.tag = tag
+    self.limits = limits
+    self._plan = isolation_lib.plan_for(isolation)
+    self._host_root = tempfile.mkdtemp(prefix="agentic-grpo-sandbox-")
+    os.chmod(self._host_root, 0o711)
+    slots = []
+    try:
+      for _ in range(max_workers):
+        slots.append(isolation_lib.acquire_slot())
+    except RuntimeError:
+      for s in slots:
+        isolation_lib.release_slot(s)
+      shutil.rmtree(self._host_root, ignore_errors=True)
+      raise
+    self._workers = [worker_lib.Worker(self._plan, s, self._host_root, tag, isolation.disk_bytes)
+                     for s in slots]
+    self._idle: queue.SimpleQueue[worker_lib.Worker] = queue.SimpleQueue()
+    for w in self._workers:
+      self._idle.put(w)
+    self._executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max_workers, thread_name_prefix="sandbox")
+    self._closed = False
+    self._finalizer = weakref.finalize(self, _shutdown, self._workers, list(slots),
+                                       self._host_root)
+
+  @property
+  def max_workers(self) -> int:
+    return len(self._workers)
+
+  @property
+  def isolation_info(self) -> dict[str, Any]:
+    """What isolation is in effect: `level` (one of `ISOLATION_LEVELS`), namespaces,
+    user namespace, privilege drop, fork, audit hook."""
+    p = self._plan
+    return {"level": p.level, "namespaces": p.namespaces, "user_namespace": p.user_namespace,
+            "drop_privileges": p.drop_privileges, "fork_allowed": p.allow_fork,
+            "audit_hook": p.audit_hook}
+
+  def start(self):
+    """Starts every worker's server now (otherwise each starts on first use)."""
+    self._check_open()
+    workers = [self._idle.get() for _ in self._workers]
+    try:
+      list(self._executor.map(_try_start, workers))
+    finally:
+      for w in workers:
+        self._idle.put(w)
+
+  def submit(self, program: Program,
+             limits: Limits | None = None) -> concurrent.futures.Future[RunResult]:
+    """Schedules `program`; the future's result is a RunResult (never raises).
+
+    Raises:
+      ValueError: if `program` is not a Program or `limits` not a Limits.
+      RuntimeError: if the pool is closed.
+    """
+    self._check_open()
+    if not isinstance(program, Program):
+      raise ValueError(f"program must be a Program, got {type(program).__name__}")
+    if limits is None:
+      limits = self.limits
+    if not isinstance(limits, Limits):
+      raise ValueError(f"limits must be a Limits or None, got {type(limits).__name__}")
+    return self._executor.submit(self._run, program, limits)
+
+  def map(self, programs: Sequence[Program], limits: Limits | None = None) -> list[RunResult]:
+    """Runs `programs` in parallel; returns their results in the same order."""
+    futures = [self.submit(p, limits) for p in programs]
+    return [f.result() for f in futures]
+
+  def close(self):
+    """Waits for submitted programs, stops the servers; idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    self._executor.shutdown(wait=True)
+    self._finalizer()
+
+  def __enter__(self) -> SandboxPool:
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def _check_open(self):
+    if self._closed:
+      raise RuntimeError("SandboxPool is closed")
+
+  def _run(self, program: Program, limits: Limits) -> RunResult:
+    start = time.monotonic()
+    worker = self._idle.get()
+    try:
+      nonce = secrets.token_hex(16).encode("ascii")
+      job = _job(program, limits, self._plan, nonce)
+      raw = worker.run(job, limits.wall_seconds)
+      return _assemble(program, limits, raw, nonce, time.monotonic() - start)
+    except BaseException as e:  # pylint: disable=broad-except
+      return _error_result(program, f"sandbox failure: {e}", time.monotonic() - start)
+    finally:
+      self._idle.put(worker)
+
+
+def _try_start(worker: worker_lib.Worker):
+  try:
+    worker.start()
+  except worker_lib.WorkerFailure:
+    pass
+
+
+def run_program(program: Program, limits: Limits = Limits(), *,
+                isolation: Isolation = Isolation()) -> RunResult:
+  """Runs one program in a fresh sandbox and blocks until it is judged.
+
+  Starts and stops a one-worker `SandboxPool` (about 0.1-0.3 s of set-up);
+  use a pool to run many programs.
+
+  Args:
+    program: the program and its tests.
+    limits: resource limits.
+    isolation: see `Isolation`.
+
+  Returns:
+    The RunResult; sandbox failures give verdict ERROR rather than raising.
+
+  Raises:
+    ValueError: for a bad argument.
+    RuntimeError: if `isolation` requires what the machine cannot provide.
+  """
+  with SandboxPool(1, limits, isolation=isolation) as pool:
+    return pool.submit(program).result()
