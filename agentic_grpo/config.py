@@ -133,13 +133,20 @@ class WorkflowSection:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxSection:
-  """Subprocess sandbox pool limits."""
+  """Subprocess sandbox pool limits.
+
+  `min_isolation`: the weakest sandbox isolation level the run accepts, one of
+  `agent.sandbox.ISOLATION_LEVELS` ("hook" < "landlock" < "namespaces"); the pool raises
+  RuntimeError at start-up on a machine that cannot provide it.
+  """
   workers: int = 2
   timeout_s: float = 2.0
   cpu_s: float = 2.0
   memory_mb: int = 512
+  min_isolation: str = "hook"
 
   def validate(self, path: str) -> None:
+    _choice(f"{path}.min_isolation", self.min_isolation, ("hook", "landlock", "namespaces"))
     _check(self.workers >= 1, f"{path}.workers", "must be >= 1", self.workers)
     _check(self.timeout_s > 0, f"{path}.timeout_s", "must be > 0", self.timeout_s)
     _check(self.cpu_s > 0, f"{path}.cpu_s", "must be > 0", self.cpu_s)

@@ -313,8 +313,9 @@ def server_command(plan: Plan, isolation_disk: int, new_root: str, job_root: str
     return (list(plan.prefix) + [new_root, str(isolation_disk), str(small), RUNNER_PATH] +
             list(plan.mount_entries) + ["--", plan.python, "-S", "-s", "-B", "-P",
                                                     VIEW_RUNNER, "--serve", "--root", JOBS_DIR] +
-            [f"--view={d}" for d in VIEW_DIRS] + common)
-  cmd = [plan.python, "-S", "-s", "-B", "-P", RUNNER_PATH, "--serve", "--root", job_root] + common
+            [f"--view={d}" for d in (JOBS_DIR,) + VIEW_DIRS] + common)
+  cmd = [plan.python, "-S", "-s", "-B", "-P", RUNNER_PATH, "--serve", "--root", job_root,
+         f"--view={job_root}"] + common
   if plan.level == "landlock":
     for p in plan.view + (RUNNER_PATH, "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
       cmd.append(f"--landlock-ro={p}")
