@@ -28,7 +28,8 @@ _TIMEOUT = flags.DEFINE_float("timeout", 5.0, "Per-program timeout in seconds, f
 
 def _ours(problems, workers, timeout):
   programs = [sandbox.Program(p["prompt"] + p["canonical_solution"], p["entry_point"],
-                              script_test=p["test"]) for p in problems]
+                              script_test=p["test"], script_context=p["prompt"])
+              for p in problems]
   limits = sandbox.Limits(cpu_seconds=timeout, wall_seconds=timeout)
   start = time.perf_counter()
   with sandbox.SandboxPool(workers, limits) as pool:
