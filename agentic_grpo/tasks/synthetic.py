@@ -276,7 +276,7 @@ def _outputs(program: Program, inputs: Sequence[Any]) -> list[Any]:
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
   # Grammar values are ints, strs and lists of ints, for which `==` is exact (no bools or
-  # floats arise), and much faster than `task_lib.values_equal`.
+  # floats arise), and much faster than `literals.values_equal`.
   return a == b
 
 
