@@ -973,8 +973,12 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, hook_args, views):
     if reason != REASON_NONE or parent_gone:
       break
   # The job processes are not reaped yet, so their process group ids are still ours.
-  for p in pids:
-    _kill_all(p, uid, ns_init)
+  for p in pids[1:]:
+    try:
+      os.killpg(p, signal.SIGKILL)
+    except OSError:
+      pass
+  _kill_all(pids[0], uid, ns_init)  # Its sweep (namespace or uid) reaches the check child too.
   statuses = [os.wait4(p, 0)[1:] for p in pids]
   if ns_init:
     _reap_all(2.0)
