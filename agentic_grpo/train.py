@@ -170,7 +170,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   if pool is None:
     pool = sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
         cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
-        memory_bytes=cfg.sandbox.memory_mb * 2**20))
+        memory_bytes=cfg.sandbox.memory_mb * 2**20),
+        isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
   counting = loop_lib.CountingPool(pool)
   wf_config = workflow_lib.WorkflowConfig(
       stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
