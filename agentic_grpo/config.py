@@ -162,7 +162,9 @@ class RLSection:
   learning); each update takes `rows_per_update` replay rows (N), split into `micro_batches`.
   Rows are padded to the smallest of `buckets` that fits (each bucket compiles once).
   `max_idle_batches` consecutive episode batches without any learning signal (every group's
-  rewards equal) end the phase early (0 = never).
+  rewards equal) end the phase early (0 = never). `max_skipped_updates` consecutive updates
+  skipped by the non-finite guard (warm-start or RL) stop the run with an error (0 = never); it
+  must not exceed `optim.max_consecutive_nonfinite`, past which the guard applies the update.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -175,8 +177,11 @@ class RLSection:
   top_p: float = 1.0
   buckets: tuple[int, ...] = (128, 256)
   max_idle_batches: int = 50
+  max_skipped_updates: int = 3
 
   def validate(self, path: str) -> None:
+    _check(self.max_skipped_updates >= 0, f"{path}.max_skipped_updates", "must be >= 0 (0 = never "
+           "stop)", self.max_skipped_updates)
     _check(self.max_idle_batches >= 0, f"{path}.max_idle_batches", "must be >= 0",
            self.max_idle_batches)
     _check(self.num_steps >= 0, f"{path}.num_steps", "must be >= 0", self.num_steps)
@@ -206,6 +211,9 @@ class LossSection:
   constant normaliser `rows · max_tokens`): a segment's provisional update and its correction
   are applied in different batches, and only a normaliser that ignores a batch's contents makes
   them add up to the target's update (`tests/losses_test.py`, cross-batch identity).
+
+  `dual_clip` > 1 bounds the loss of negative-advantage tokens at `dual_clip · |A|` (dual-clip
+  PPO, Ye et al., 2020); 0 disables it.
   """
   eps_low: float = 0.2
   eps_high: float = 0.28
@@ -215,8 +223,11 @@ class LossSection:
   kl_beta: float = 0.0
   kl_estimator: str = "k3"
   entropy_coef: float = 0.0
+  dual_clip: float = 0.0
 
   def validate(self, path: str) -> None:
+    _check(self.dual_clip == 0.0 or self.dual_clip > 1.0, f"{path}.dual_clip",
+           "must be 0 (off) or > 1", self.dual_clip)
     _check(0.0 <= self.eps_low < 1.0, f"{path}.eps_low", "must be in [0, 1)", self.eps_low)
     _check(self.eps_high >= 0.0, f"{path}.eps_high", "must be >= 0", self.eps_high)
     _choice(f"{path}.ratio_level", self.ratio_level, ("token", "sequence"))
@@ -438,6 +449,10 @@ class TrainConfig:
     _check(self.replay.capacity >= self.rl.group_size * len(self.workflow.stages),
            "replay.capacity", f"must be >= rl.group_size * number of stages "
            f"({self.rl.group_size * len(self.workflow.stages)})", self.replay.capacity)
+    _check(self.rl.max_skipped_updates <= self.optim.max_consecutive_nonfinite,
+           "rl.max_skipped_updates", f"must be <= optim.max_consecutive_nonfinite "
+           f"({self.optim.max_consecutive_nonfinite}), past which non-finite updates are applied",
+           self.rl.max_skipped_updates)
     if (self.workflow.stage_rewards and self.correction.enabled
         and self.loss.aggregation != "seq_mean_token_sum_norm"):
       logging.warning(

@@ -6,6 +6,14 @@ folded in by `replay.StagedReplay.take`) and the behaviour log-probs its importa
 taken against, and all rows go through `core.losses.policy_loss`. Optional terms: a KL penalty to
 a frozen reference policy (`core.losses.kl_penalty`, `loss.kl_beta`) and an entropy bonus.
 
+Which distribution each term sees: the importance ratio is taken under the sampling transform
+(temperature, top-k, top-p), the distribution the behaviour log-probs were recorded under. The
+KL term compares the temperature-scaled distributions of policy and reference without the top-k /
+top-p filter: under the filter a token outside the reference's kept set has log-prob -1e30, and
+its KL term is meaningless (the filter's kept sets differ, so the filtered distributions need not
+share support). The entropy bonus is the sampling distribution's (filtered entries carry no mass
+and no gradient).
+
 `sft_step(state, batch)` is the supervised warm-start step (token cross-entropy on reference
 episodes).
 
@@ -16,7 +24,8 @@ micro-batching gives the same gradient as one pass over the whole batch (up to f
 
 Optimizer: AdamW (Loshchilov & Hutter, 2019) with linear warm-up, global-norm clipping, inside
 `optax.apply_if_finite`, which skips (and counts, in the optimizer state) an update whose
-gradients are not finite.
+gradients are not finite. `check_skipped_updates` turns a run of consecutive skips into an error
+(`rl.max_skipped_updates`), so that a run cannot go on training on nothing.
 
 Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
 (the mesh machinery builds them); by default everything is replicated on a one-device mesh.
@@ -24,7 +33,7 @@ Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax
 from flax import nnx
@@ -106,16 +115,48 @@ def nonfinite_count(state: TrainState) -> int:
   return int(state.opt_state.total_notfinite)
 
 
+class NonFiniteUpdatesError(RuntimeError):
+  """Too many consecutive updates were skipped because their gradients were not finite."""
+
+
+def check_skipped_updates(metrics: Sequence[Mapping[str, Any]], limit: int, step: int) -> None:
+  """Raises once `limit` consecutive updates have been skipped as non-finite.
+
+  Args:
+    metrics: host copies of the update metrics of the steps since the last check, in order
+      (each has `nonfinite_consecutive`: the optimizer's count of consecutive skipped updates).
+    limit: `rl.max_skipped_updates`; 0 never raises.
+    step: the step of the last entry of `metrics` (for the message).
+
+  Raises:
+    NonFiniteUpdatesError: if any entry's consecutive count reached `limit`.
+  """
+  if not limit:
+    return
+  counts = [int(m["nonfinite_consecutive"]) for m in metrics]
+  if counts and max(counts) >= limit:
+    raise NonFiniteUpdatesError(
+        f"{max(counts)} consecutive updates were skipped because their gradients were not "
+        f"finite (by step {step}; rl.max_skipped_updates={limit}): the run is training on "
+        f"nothing. Look for non-finite advantages, log-probs or parameters, or lower the "
+        f"learning rate.")
+
+
 def _positions(tokens):
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def _aligned_logprobs(logits, tokens, **transform):
+  """`[N, T]` log-probs of `tokens` under `logits [N, T, V]`; entry t scores `tokens[:, t]`."""
+  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:], **transform)
+  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
 
 
 def _token_logprobs(graphdef, params, tokens, *, temperature, top_k, top_p):
   """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`."""
   logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
-  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature,
-                                   top_k=top_k, top_p=top_p)
-  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1), logits
+  return _aligned_logprobs(logits, tokens, temperature=temperature, top_k=top_k,
+                           top_p=top_p), logits
 
 
 def _split_micro(batch: dict[str, jax.Array], m: int) -> dict[str, jax.Array]:
@@ -156,6 +197,7 @@ def _apply_updates(state: TrainState, grads, optimizer, loss, metrics):
   rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
   metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
                  update_skipped=(~opt_state.last_finite).astype(jnp.float32),
+                 nonfinite_consecutive=opt_state.notfinite_count.astype(jnp.float32),
                  nonfinite_total=opt_state.total_notfinite.astype(jnp.float32))
   return TrainState(params, opt_state, state.step + 1, rng), metrics
 
@@ -220,7 +262,8 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
     ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
   and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
   `entropy`, `clip_fraction`, `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`,
-  `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the update),
+  `dual_clip_fraction`, `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the
+  update), `nonfinite_consecutive` (skipped updates in a row, this one included),
   `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
   """
   rl = cfg.rl
@@ -234,6 +277,9 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
   """The cached body of `make_update_step`."""
   max_tokens = loss_cfg.max_tokens or None
   transform = dict(zip(("temperature", "top_k", "top_p"), transform_args))
+  # The KL term's distributions: temperature-scaled, not filtered (module docstring).
+  kl_transform = dict(temperature=transform["temperature"], top_k=0, top_p=1.0)
+  filtered = transform != kl_transform
   use_kl = loss_cfg.kl_beta > 0
 
   def loss_fn(params, mb, ref_params):
@@ -243,13 +289,14 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
         logprobs, mb["behaviour_logprobs"], mb["advantages"], mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
         aggregation=loss_cfg.aggregation, max_tokens=max_tokens,
-        sample_weights=mb["sample_weights"])
+        sample_weights=mb["sample_weights"], dual_clip=loss_cfg.dual_clip)
     total = pg
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
-      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb["tokens"], **transform)
+      kl_lp = _aligned_logprobs(logits, mb["tokens"], **kl_transform) if filtered else logprobs
+      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb["tokens"], **kl_transform)
       kl = losses_lib.aggregate(
-          losses_lib.kl_penalty(logprobs, ref_lp, estimator=loss_cfg.kl_estimator), mask,
+          losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
           loss_cfg.aggregation, max_tokens)
       total = total + loss_cfg.kl_beta * kl
     ent = losses_lib.aggregate(
@@ -284,7 +331,8 @@ def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   `batch` holds `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on the tokens to
   imitate); the loss is the token-mean negative log-likelihood (temperature 1, no filtering).
-  Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`, `nonfinite_total`.
+  Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`, `nonfinite_consecutive`,
+  `nonfinite_total`.
   Micro-batched like `make_update_step` (token-count weighting); cached like it.
   """
   return _sft_step(graphdef, cfg.rl.micro_batches, optimizer, shardings or Shardings.replicated())

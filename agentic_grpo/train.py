@@ -630,6 +630,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
         if step < ws_steps:
           next_batch = host_batch(step)  # the next batch is built while the device works.
         m = jax.device_get(m)
+        learner.check_skipped_updates([m], cfg.rl.max_skipped_updates, step)
         if step % cfg.log.every == 0 or step == ws_steps:
           dt = time.time() - t0
           row = {"step": step, "phase": "warmstart", "seconds": time.time() - t_start,
@@ -670,6 +671,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
         # Update metrics stay on device until here, so that host work overlaps the updates.
         updates = jax.device_get(pending_updates)
         pending_updates.clear()
+        learner.check_skipped_updates([m for m, _ in updates], cfg.rl.max_skipped_updates, step)
         counters.update(comp.counting_pool.pop_counts())
         counters.update(agent.pop_counts())
         local = {"harvest": _sum_rows(harvest_rows), "counts": dict(counters),

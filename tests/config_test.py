@@ -35,6 +35,10 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(again, cfg)
     # Missing fields take defaults.
     self.assertEqual(config_lib.from_config_dict({"rl": {"group_size": 4}}).rl.group_size, 4)
+    self.assertEqual(cfg.loss.dual_clip, 0.0)  # off: the default run's numbers are unchanged
+    self.assertEqual(cfg.rl.max_skipped_updates, 3)
+    on = config_lib.from_config_dict({"loss": {"dual_clip": 3}, "rl": {"max_skipped_updates": 0}})
+    self.assertEqual((on.loss.dual_clip, on.rl.max_skipped_updates), (3.0, 0))
 
   @parameterized.named_parameters(
       ("range", {"rl": {"group_size": 1}}, r"config\.rl\.group_size must be >= 2, got 1"),
@@ -57,6 +61,14 @@ class ConfigTest(parameterized.TestCase):
        r"config\.correction\.baseline must be one of"),
       ("rules", {"mesh": {"logical_axis_rules": (("embed", "fsdp,model"),)}},
        r"config\.mesh\.logical_axis_rules\[0\] must name mesh axes"),
+
+      ("dual_clip", {"loss": {"dual_clip": 1.0}}, r"config\.loss\.dual_clip must be 0 \(off\) or > 1"),
+      ("dual_clip_negative", {"loss": {"dual_clip": -3.0}}, r"config\.loss\.dual_clip must be"),
+      ("max_skipped", {"rl": {"max_skipped_updates": -1}},
+       r"config\.rl\.max_skipped_updates must be >= 0"),
+      ("max_skipped_guard", {"rl": {"max_skipped_updates": 5},
+                             "optim": {"max_consecutive_nonfinite": 4}},
+       r"config\.rl\.max_skipped_updates must be <= optim\.max_consecutive_nonfinite"),
   )
   def test_errors_name_the_field(self, data, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

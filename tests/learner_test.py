@@ -13,6 +13,7 @@ import optax
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
+from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.models import transformer
 
 N, T = 4, 16
@@ -92,6 +93,57 @@ class LearnerTest(absltest.TestCase):
     self.assertEqual(float(metrics["update_skipped"]), 0.0)
     self.assertTrue(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params)))
     self.assertEqual(learner.nonfinite_count(state), 1)
+
+  def test_consecutive_skips_are_counted_and_stop_the_run(self):
+    bad = _batch()
+    bad["advantages"][bad["loss_mask"]] = np.nan
+    state, seen = self._state(), []
+    for _ in range(3):
+      state, metrics = self.step(state, learner.to_device_batch(bad), self._ref())
+      seen.append(jax.device_get(metrics))
+    self.assertEqual([m["nonfinite_consecutive"] for m in seen], [1.0, 2.0, 3.0])
+    learner.check_skipped_updates(seen[:2], 3, 2)  # below the limit: no error
+    learner.check_skipped_updates(seen, 0, 3)  # 0: never
+    with self.assertRaisesRegex(learner.NonFiniteUpdatesError,
+                                r"3 consecutive updates were skipped.*max_skipped_updates=3"):
+      learner.check_skipped_updates(seen, 3, 3)
+    self.assertTrue(issubclass(learner.NonFiniteUpdatesError, RuntimeError))
+    state, metrics = self.step(state, learner.to_device_batch(_batch(1)), self._ref())
+    self.assertEqual(float(metrics["nonfinite_consecutive"]), 0.0)  # a finite update resets it
+    self.assertEqual(learner.nonfinite_count(state), 3)
+
+  def test_kl_under_top_k_is_between_unfiltered_distributions(self):
+    # Tokens are the reference's greedy choices and top_k = 1: under the filter the policy
+    # (another init) gives many of them log-prob -1e30 where the reference gives 0, so a KL of
+    # filtered log-probs is ~1e30 with NaN gradients and every update would be skipped.
+    cfg = dataclasses.replace(self.cfg, rl=dataclasses.replace(self.cfg.rl, top_k=1,
+                                                               temperature=0.7))
+    step = learner.make_update_step(self.graphdef, cfg, self.opt, shardings=self.sh)
+    ref = self._ref(1)
+    apply = jax.jit(transformer.apply, static_argnums=0)
+    batch = _batch()
+    tokens = batch["tokens"]
+    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (N, T))
+    for t in range(T - 1):
+      logits = apply(self.graphdef, ref, jnp.asarray(tokens), jnp.asarray(positions))[0]
+      tokens[:, t + 1] = np.asarray(jnp.argmax(logits[:, t], -1))
+    state = self._state(0)
+    lp = lambda params, **kw: np.asarray(transformer.sequence_logprobs(
+        self.graphdef, params, jnp.asarray(tokens), jnp.asarray(positions), None, **kw))
+    filtered = lp(state.params, temperature=0.7, top_k=1)
+    mask = batch["loss_mask"]
+    self.assertTrue(np.any(mask & (filtered < -1e29)))  # the trigger is present
+    batch["behaviour_logprobs"] = np.where(mask, filtered, 0.0).astype(np.float32)
+    pol, ref_lp = lp(state.params, temperature=0.7), lp(ref, temperature=0.7)
+    want_kl = losses_lib.aggregate(losses_lib.kl_penalty(pol, ref_lp), mask,
+                                   "seq_mean_token_mean")
+    state, metrics = step(state, learner.to_device_batch(batch), ref)
+    self.assertEqual(float(metrics["update_skipped"]), 0.0)
+    self.assertTrue(all(np.all(np.isfinite(v)) for v in jax.device_get(metrics).values()))
+    np.testing.assert_allclose(metrics["kl"], want_kl, rtol=1e-4)
+    self.assertGreater(float(metrics["kl"]), 0.0)
+    # The ratio still uses the filtered (behaviour) distribution: on-policy, ratio 1.
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
 
   def test_gradient_clipping(self):
     # With a huge Adam eps the update is lr * g / eps: linear in the (clipped) gradient.

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses
 
 # A hand-computed padded batch: row 0 has 3 loss tokens, row 1 has 2, the rest is padding.
@@ -239,8 +240,8 @@ class PolicyLossTest(parameterized.TestCase):
     (loss, metrics), grad = jax.value_and_grad(
         lambda x: losses.policy_loss(x, blp, adv, mask, aggregation=mode, ratio_level=ratio_level,
                                      max_tokens=t), has_aux=True)(lp)
-    self.assertTrue(np.isfinite(loss) or np.isinf(loss))  # exp(30) ratios may overflow to inf...
-    self.assertTrue(np.all(np.isfinite(grad)) or not np.isfinite(loss))
+    self.assertTrue(np.isfinite(loss))  # log-ratios are clamped before exp
+    self.assertTrue(np.all(np.isfinite(grad)))
     self.assertTrue(np.isfinite(metrics["clip_fraction"]))
 
   @parameterized.named_parameters(
@@ -258,6 +259,120 @@ class PolicyLossTest(parameterized.TestCase):
     args.update(kwargs)
     with self.assertRaisesRegex(ValueError, name):
       losses.policy_loss(**args)
+
+
+class DualClipTest(parameterized.TestCase):
+
+  # Ratios 0.5, 1, 2, 5 against behaviour log-prob -1; eps 0.2, c = 3, token_mean.
+  RATIOS = np.array([[0.5, 1.0, 2.0, 5.0]], np.float32)
+
+  def _loss(self, adv, dual_clip, ratio_level="token", ratios=None):
+    ratios = self.RATIOS if ratios is None else ratios
+    blp = np.full(ratios.shape, -1.0, np.float32)
+    fn = lambda x: losses.policy_loss(
+        x, blp, jnp.array([adv], jnp.float32), np.ones(ratios.shape, bool), eps_low=0.2,
+        eps_high=0.2, aggregation="token_mean", ratio_level=ratio_level, dual_clip=dual_clip)
+    return jax.value_and_grad(fn, has_aux=True)(blp + np.log(ratios))
+
+  def test_hand_computed_negative_advantage(self):
+    # Per token |A| · max(ρ, clip(ρ)) = 0.8, 1, 2, 5; dual clip caps the last at c |A| = 3.
+    (loss, metrics), grad = self._loss(-1.0, 3.0)
+    np.testing.assert_allclose(loss, (0.8 + 1.0 + 2.0 + 3.0) / 4, rtol=1e-6)
+    # d/dlogπ of |A| ρ is |A| ρ / 4 on the unclipped tokens; 0 where PPO or dual clip holds.
+    np.testing.assert_allclose(grad, [[0.0, 0.25, 0.5, 0.0]], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metrics["clip_fraction"], 0.25)
+    np.testing.assert_allclose(metrics["dual_clip_fraction"], 0.25)
+    (loss, metrics), grad = self._loss(-2.0, 3.0)
+    np.testing.assert_allclose(loss, 2 * (0.8 + 1.0 + 2.0 + 3.0) / 4, rtol=1e-6)
+    (loss, metrics), grad = self._loss(-1.0, 0.0)  # off: the PPO value 5 and gradient 5/4
+    np.testing.assert_allclose(loss, (0.8 + 1.0 + 2.0 + 5.0) / 4, rtol=1e-6)
+    np.testing.assert_allclose(grad, [[0.0, 0.25, 0.5, 1.25]], rtol=1e-5, atol=1e-7)
+    self.assertEqual(float(metrics["dual_clip_fraction"]), 0.0)
+
+  def test_positive_advantage_unchanged(self):
+    (off, _), g_off = self._loss(1.5, 0.0)
+    (on, metrics), g_on = self._loss(1.5, 3.0)
+    np.testing.assert_allclose(on, off, rtol=0)
+    np.testing.assert_allclose(g_on, g_off, rtol=0)
+    # Per token −A · min(ρ, clip(ρ)) = −1.5 · (0.5, 1, 1.2, 1.2).
+    np.testing.assert_allclose(on, -1.5 * (0.5 + 1.0 + 1.2 + 1.2) / 4, rtol=1e-6)
+    self.assertEqual(float(metrics["dual_clip_fraction"]), 0.0)
+
+  def test_sequence_level(self):
+    # Sequence ratio exp(mean log ρ) = 4 for ρ = (2, 8); A = −1, c = 3: loss 3 per token.
+    (loss, metrics), grad = self._loss(-1.0, 3.0, "sequence", np.array([[2.0, 8.0]], np.float32))
+    np.testing.assert_allclose(loss, 3.0, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(grad), np.zeros((1, 2)))
+    self.assertEqual(float(metrics["dual_clip_fraction"]), 1.0)
+    (loss, _), _ = self._loss(-1.0, 0.0, "sequence", np.array([[2.0, 8.0]], np.float32))
+    np.testing.assert_allclose(loss, 4.0, rtol=1e-5)
+
+  @parameterized.parameters(0.5, 1.0, -2.0)
+  def test_rejects_bound_not_above_one(self, c):
+    with self.assertRaisesRegex(ValueError, "dual_clip"):
+      losses.policy_loss(VALUES, VALUES, np.ones(2), MASK, dual_clip=c)
+
+
+def _extreme(rng, shape, choices, scale):
+  """Random entries from `choices`, half of them perturbed by `scale`-sized noise."""
+  x = rng.choice(np.asarray(choices, np.float32), size=shape)
+  noise = np.where(rng.random(shape) < 0.5, rng.normal(size=shape) * scale, 0.0)
+  return (x + noise).astype(np.float32)
+
+
+class FiniteUnderExtremeInputsTest(parameterized.TestCase):
+  """Property: finite loss, gradients and metrics for any finite inputs (seeded NumPy draws)."""
+
+  LOGPROBS = (-1e30, -1e20, -1e4, -88.0, -20.5, -5.0, -1.0, -1e-3, 0.0)
+  ADVANTAGES = (-1e6, -1e3, -1.0, 0.0, 1.0, 1e3, 1e6)
+
+  @parameterized.product(ratio_level=losses.RATIO_LEVELS, aggregation=losses.AGGREGATIONS,
+                         weighted=(False, True))
+  def test_policy_loss(self, ratio_level, aggregation, weighted):
+    rng = np.random.default_rng(len(ratio_level) * 100 + len(aggregation) * 10 + weighted)
+    for _ in range(6):
+      n, t = rng.integers(1, 5), rng.integers(1, 7)
+      lp = _extreme(rng, (n, t), self.LOGPROBS, 3.0)
+      blp = _extreme(rng, (n, t), self.LOGPROBS, 3.0)
+      adv = _extreme(rng, (n, t) if rng.random() < 0.5 else (n,), self.ADVANTAGES, 10.0)
+      mask = rng.random((n, t)) < 0.7
+      weights = rng.uniform(0.0, 2.0, n).astype(np.float32) if weighted else None
+      for dual_clip in (0.0, 3.0):
+        (loss, metrics), grad = jax.value_and_grad(
+            lambda x: losses.policy_loss(x, blp, adv, mask, aggregation=aggregation,
+                                         ratio_level=ratio_level, max_tokens=int(t),
+                                         sample_weights=weights, dual_clip=dual_clip),
+            has_aux=True)(lp)
+        msg = f"lp={lp} blp={blp} adv={adv} mask={mask} dual_clip={dual_clip}"
+        self.assertTrue(np.isfinite(loss), msg)
+        self.assertTrue(np.all(np.isfinite(grad)), msg)
+        for k, v in metrics.items():
+          self.assertTrue(np.isfinite(v) or (k == "ratio_max" and not mask.any()), (k, msg))
+
+  @parameterized.parameters(*losses.KL_ESTIMATORS)
+  def test_kl_penalty(self, estimator):
+    rng = np.random.default_rng(7)
+    lp = _extreme(rng, (6, 9), self.LOGPROBS, 3.0)
+    ref = _extreme(rng, (6, 9), self.LOGPROBS, 3.0)
+    kl, grad = jax.value_and_grad(
+        lambda x: losses.kl_penalty(x, ref, estimator=estimator).sum())(lp)
+    self.assertTrue(np.isfinite(kl))
+    self.assertTrue(np.all(np.isfinite(grad)))
+
+  def test_entropy_of_filtered_distribution(self):
+    # Top-k / top-p give removed entries the finite MASKED_LOGIT; entropy and its gradient
+    # (through the filter, to the raw logits) must stay finite.
+    logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 11)) * 10.0
+
+    def h(x, top_k, top_p):
+      y = logprobs_lib.transform_logits(x, temperature=0.7, top_k=top_k, top_p=top_p)
+      return losses.entropy(y, jnp.ones((2, 3), bool)).sum()
+
+    for top_k, top_p in ((1, 1.0), (3, 1.0), (0, 0.5), (4, 0.9)):
+      value, grad = jax.value_and_grad(h)(logits, top_k, top_p)
+      self.assertTrue(np.isfinite(value))
+      self.assertTrue(np.all(np.isfinite(grad)))
+    np.testing.assert_allclose(h(logits, 1, 1.0), 0.0, atol=1e-6)  # one kept entry
 
 
 class KLTest(parameterized.TestCase):

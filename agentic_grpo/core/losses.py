@@ -1,7 +1,8 @@
 """Policy-gradient losses for (Agentic) GRPO: clipped surrogate, KL penalty, entropy.
 
 * Clipped surrogate: PPO (Schulman et al., 2017) with asymmetric "clip-higher" bounds
-  `[1 − eps_low, 1 + eps_high]` (DAPO, Yu et al., 2025).
+  `[1 − eps_low, 1 + eps_high]` (DAPO, Yu et al., 2025), and optional dual clipping for negative
+  advantages (Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep RL").
 * Importance ratio per token (PPO/GRPO) or per sequence, length-normalised (GSPO, Zheng et al.,
   2025, "Group Sequence Policy Optimization"), in its GSPO-token form so that per-token
   advantages are allowed.
@@ -12,6 +13,10 @@
 
 Every loss is an `aggregate` of per-token values, so micro-batches combine exactly when weighted
 by `aggregate_denominator` (see there).
+
+Finiteness: log-ratios are clamped to `±MAX_LOG_RATIO` before `exp` (in the surrogate and the KL
+estimators), so that the loss, its gradient and the metrics are finite for any finite inputs,
+including the `-1e30` log-prob a top-k/top-p filter gives a token outside its kept set.
 """
 
 from typing import Optional
@@ -22,6 +27,12 @@ import jax.numpy as jnp
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIO_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+
+# Bound on |log ρ| before `exp` (verl clamps its log-ratios to the same ±20): ratios lie in
+# [e^-20, e^20] ≈ [2.1e-9, 4.9e8], so `A · ρ` stays finite in float32 for any |A| < 1e29. Beyond
+# the bound the ratio is constant (zero gradient); PPO's clip already zeroes the gradient there
+# except for a negative advantage with ρ > 1 + eps_high, which `dual_clip` bounds properly.
+MAX_LOG_RATIO = 20.0
 
 
 def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -146,6 +157,7 @@ def policy_loss(
     aggregation: str = "seq_mean_token_mean",
     max_tokens: Optional[int] = None,
     sample_weights: Optional[jax.Array] = None,
+    dual_clip: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped importance-weighted policy-gradient surrogate.
 
@@ -156,6 +168,15 @@ def policy_loss(
   `s_n = exp(mean_t log ρ_{n,t})` (Zheng et al., 2025) in the GSPO-token form
   `ρ_{n,t} = sg(s_n) · π_θ(y_t) / sg(π_θ(y_t))`, clipped per sequence. At `ρ = 1` the gradient is
   `−A ∇ log π_θ`, linear in `A`: the basis of Agentic GRPO's correction identity (DESIGN.md §1).
+
+  Dual clip (Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep RL"): with
+  `dual_clip = c > 1`, a token with `A < 0` gets `ℓ = min(max(−A ρ, −A clip(ρ)), −c A)`, i.e.
+  the objective `max(min(ρ A, clip(ρ) A), c A)`: its loss and gradient stay bounded however far
+  the policy has moved towards a token the advantage says to avoid (stale corrections make such
+  tokens common). `A >= 0` tokens and every token with `ρ <= c` are unchanged.
+
+  `log ρ` is clamped to `[−MAX_LOG_RATIO, MAX_LOG_RATIO]` before `exp` (per token, and so the
+  sequence ratio too), so the loss, the gradient and the metrics are finite for any finite inputs.
 
   Args:
     logprobs: `[N, T]` float32 log π_θ of the tokens (aligned as in docs/architecture.md).
@@ -168,15 +189,17 @@ def policy_loss(
     aggregation: one of `AGGREGATIONS`.
     max_tokens: constant normaliser for `seq_mean_token_sum_norm`.
     sample_weights: optional `[N]` per-row weights (staleness weights of correction items).
+    dual_clip: the dual-clip bound `c` (> 1) for negative advantages; 0 disables.
 
   Returns:
     `(loss, metrics)`: scalar float32 loss; metrics (scalars, over loss tokens)
-    `clip_fraction` (share of tokens whose clipped branch is active, i.e. gradient 0),
+    `clip_fraction` (share of tokens whose PPO-clipped branch is active, i.e. gradient 0),
+    `dual_clip_fraction` (share of tokens held at the dual-clip bound, also gradient 0),
     `ratio_mean`, `ratio_max`, `approx_kl` (k3 estimate of KL(π_β‖π_θ)), `loss_tokens`.
 
   Raises:
-    ValueError: for mismatched shapes, a non-bool mask, unknown options, or clip ranges out of
-      bounds.
+    ValueError: for mismatched shapes, a non-bool mask, unknown options, clip ranges out of
+      bounds, or a `dual_clip` that is neither 0 nor > 1.
   """
   _check_option("ratio_level", ratio_level, RATIO_LEVELS)
   _check_option("aggregation", aggregation, AGGREGATIONS)
@@ -184,6 +207,8 @@ def policy_loss(
     raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
   if not eps_high >= 0.0:
     raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+  if not (dual_clip == 0.0 or dual_clip > 1.0):
+    raise ValueError(f"dual_clip must be 0 (off) or > 1, got {dual_clip}")
   logprobs = _check_2d("logprobs", logprobs)
   behaviour_logprobs = _check_2d("behaviour_logprobs", behaviour_logprobs, logprobs.shape)
   loss_mask = _check_mask(loss_mask, logprobs.shape)
@@ -195,8 +220,10 @@ def policy_loss(
                      f"{tuple(logprobs.shape)}, got shape {tuple(advantages.shape)}")
   advantages = jnp.where(loss_mask, advantages.astype(jnp.float32), 0.0)
 
-  # Mask before exp: padded slots may hold anything, and exp of garbage poisons gradients.
+  # Mask and clamp before exp: padded slots may hold anything, a filtered-out token's log-prob is
+  # -1e30, and exp of either poisons the loss and its gradient.
   log_ratio = jnp.where(loss_mask, logprobs - jax.lax.stop_gradient(behaviour_logprobs), 0.0)
+  log_ratio = jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
   if ratio_level == "token":
     ratio = jnp.exp(log_ratio)
   else:
@@ -209,6 +236,11 @@ def policy_loss(
   unclipped = -advantages * ratio
   clipped = -advantages * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
   per_token = jnp.maximum(unclipped, clipped)
+  is_dual = jnp.zeros_like(loss_mask)
+  if dual_clip:
+    bound = -dual_clip * advantages  # > 0 where A < 0
+    is_dual = (advantages < 0) & (per_token > bound) & loss_mask
+    per_token = jnp.where(is_dual, bound, per_token)
   loss = aggregate(per_token, loss_mask, aggregation, max_tokens, sample_weights)
 
   ratio_sg = jax.lax.stop_gradient(ratio)
@@ -216,6 +248,7 @@ def policy_loss(
   log_r = jax.lax.stop_gradient(log_ratio)
   metrics = {
       "clip_fraction": _masked_mean(is_clipped.astype(jnp.float32), loss_mask),
+      "dual_clip_fraction": _masked_mean(is_dual.astype(jnp.float32), loss_mask),
       "ratio_mean": _masked_mean(ratio_sg, loss_mask),
       "ratio_max": jnp.where(loss_mask, ratio_sg, -jnp.inf).max(initial=-jnp.inf),
       "approx_kl": _masked_mean(jnp.expm1(-log_r) + log_r, loss_mask),
@@ -230,6 +263,8 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, *, estimator: str =
   With `log r = log π_ref − log π_θ` (Schulman, 2020, "Approximating KL Divergence"):
   `k1 = −log r` (unbiased, high variance, can be negative), `k2 = ½ (log r)²` (biased, low
   variance), `k3 = (r − 1) − log r` (unbiased, always >= 0; GRPO's choice, Shao et al., 2024).
+  `log r` is clamped to `±MAX_LOG_RATIO` first (as verl does), so every estimator, and its
+  gradient, is finite for any finite inputs; beyond the bound a token's term is constant.
   `ref_logprobs` get no gradient. As a loss term `β · aggregate(kl)`, k2's gradient is
   ∇KL(π_θ‖π_ref) and k3's is ∇KL(π_ref‖π_θ) in expectation; both pull π_θ towards π_ref.
 
@@ -248,6 +283,7 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, *, estimator: str =
   logprobs = _check_2d("logprobs", logprobs)
   ref_logprobs = _check_2d("ref_logprobs", ref_logprobs, logprobs.shape)
   log_r = jax.lax.stop_gradient(ref_logprobs).astype(jnp.float32) - logprobs.astype(jnp.float32)
+  log_r = jnp.clip(log_r, -MAX_LOG_RATIO, MAX_LOG_RATIO)
   if estimator == "k1":
     return -log_r
   if estimator == "k2":
