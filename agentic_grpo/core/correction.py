@@ -49,12 +49,14 @@ def staleness_weights(
     staleness exceeds `max_staleness`.
 
   A segment from a version newer than `current_version` (negative staleness) cannot happen in a
-  correct run; it is given weight 0 so it never trains.
+  correct run; it is given weight 0 so it never trains. Versions are compared, never subtracted
+  unchecked, so no integer overflow can turn a far-future or far-past version into a fresh one
+  (for `current_version >= 0`, which learner steps are); the weights are always finite.
 
   Args:
     segment_versions: `[N]` int, the policy version (learner step) that sampled each segment.
     current_version: scalar int, the learner's version now.
-    max_staleness: int >= 0.
+    max_staleness: int in [0, 2^31).
     mode: `"drop"` or `"linear"`.
 
   Returns:
@@ -65,13 +67,16 @@ def staleness_weights(
   """
   if mode not in STALENESS_MODES:
     raise ValueError(f"mode must be one of {STALENESS_MODES}, got {mode!r}")
-  if int(max_staleness) != max_staleness or max_staleness < 0:
-    raise ValueError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
+  if int(max_staleness) != max_staleness or not 0 <= max_staleness < 2**31:
+    raise ValueError(f"max_staleness must be an int in [0, 2^31), got {max_staleness!r}")
   segment_versions = jnp.asarray(segment_versions)
   if not jnp.issubdtype(segment_versions.dtype, jnp.integer):
     raise ValueError(f"segment_versions must be integers, got dtype {segment_versions.dtype}")
-  staleness = (jnp.asarray(current_version) - segment_versions).astype(jnp.float32)
-  fresh_enough = (staleness >= 0) & (staleness <= max_staleness)
+  current = jnp.asarray(current_version, segment_versions.dtype)
+  # `current - max_staleness` cannot overflow for current >= 0; nor can `current - version` on
+  # the fresh entries, where it lies in [0, max_staleness].
+  fresh_enough = (segment_versions <= current) & (segment_versions >= current - max_staleness)
   if mode == "drop":
     return fresh_enough.astype(jnp.float32)
+  staleness = jnp.where(fresh_enough, current - segment_versions, 0).astype(jnp.float32)
   return jnp.where(fresh_enough, 1.0 - staleness / (max_staleness + 1.0), 0.0)
