@@ -89,6 +89,77 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(hf_import.model_config_from_hf(hf), new)
 
 
+class DefaultsTest(parameterized.TestCase):
+  """Keys a config.json omits take the family's transformers defaults (LlamaConfig, Qwen2Config)."""
+
+  @parameterized.named_parameters(
+      ("llama", "LlamaForCausalLM", dict(vocab_size=32000, d_model=4096, mlp_dim=11008,
+                                         n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
+                                         max_seq_len=2048, qkv_bias=False)),
+      ("qwen2", "Qwen2ForCausalLM", dict(vocab_size=151936, d_model=4096, mlp_dim=22016,
+                                         n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
+                                         max_seq_len=32768, qkv_bias=True)),
+  )
+  def test_every_absent_key(self, arch, want):
+    config = hf_import.model_config_from_hf({"architectures": [arch]})
+    want.update(rope_theta=10_000.0, tie_embeddings=False, norm_eps=1e-6, rope_scaling=None,
+                param_dtype=jnp.float32)
+    self.assertEqual({k: getattr(config, k) for k in want}, want)
+
+  def test_head_counts(self):
+    # Llama derives kv heads from the query heads; Qwen2's default is 32 whatever the heads.
+    llama = hf_import.model_config_from_hf({"model_type": "llama", "num_attention_heads": 8,
+                                            "hidden_size": 64})
+    self.assertEqual((llama.n_kv_heads, llama.head_dim), (8, 8))
+    qwen = hf_import.model_config_from_hf({"model_type": "qwen2", "num_attention_heads": 64,
+                                           "hidden_size": 1024, "head_dim": None})
+    self.assertEqual((qwen.n_kv_heads, qwen.head_dim), (32, 16))
+    for family in ("llama", "qwen2"):  # an explicit null means as many as the query heads
+      c = hf_import.model_config_from_hf({"model_type": family, "num_attention_heads": 4,
+                                          "num_key_value_heads": None, "head_dim": 24})
+      self.assertEqual((c.n_kv_heads, c.head_dim), (4, 24))
+
+  @parameterized.named_parameters(
+      ("qwen2_untied", "qwen2_untied_sharded", None),
+      ("qwen2_tied", "qwen2_tied_bias", r"missing tensor\(s\) \['lm_head.weight'\]"),
+      ("llama_tied", "llama_tied_gqa", r"missing tensor\(s\) \['lm_head.weight'\]"),
+  )
+  def test_checkpoint_without_tie_key_is_untied(self, case, error):
+    path = os.path.join(self.create_tempdir().full_path, case)
+    shutil.copytree(os.path.join(_FIXTURES, case), path)
+    with open(os.path.join(path, "config.json")) as f:
+      hf = json.load(f)
+    del hf["tie_word_embeddings"]
+    for key in ("rms_norm_eps", "hidden_act", "use_sliding_window", "attention_bias", "mlp_bias"):
+      if hf.get(key) == hf_import.HF_DEFAULTS[hf["model_type"]].get(key, "absent"):
+        del hf[key]  # at their defaults: dropping them changes nothing
+    with open(os.path.join(path, "config.json"), "w") as f:
+      json.dump(hf, f)
+    if error:  # tied in the checkpoint, untied by default: the head is missing, not guessed
+      with self.assertRaisesRegex(ValueError, error):
+        hf_import.load_hf_checkpoint(path)
+      return
+    ref = np.load(os.path.join(path, "reference.npz"))
+    config, params = hf_import.load_hf_checkpoint(path)
+    self.assertFalse(config.tie_embeddings)
+    np.testing.assert_allclose(_logits(config, params, ref["tokens"]), ref["logits"], atol=1e-4,
+                               rtol=0)
+
+  @parameterized.named_parameters(
+      ("qwen3_arch", {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+       r"unsupported architecture 'Qwen3ForCausalLM' \(per-head q/k RMSNorm"),
+      ("qwen3_type", {"model_type": "qwen3"}, r"unsupported architecture 'qwen3'"),
+      ("type", {"model_type": "llama", "hidden_size": "64"}, r"hidden_size='64'"),
+      ("range", {"model_type": "qwen2", "num_hidden_layers": 0}, r"num_hidden_layers=0"),
+      ("tie_type", {"model_type": "qwen2", "tie_word_embeddings": "yes"}, "tie_word_embeddings"),
+      ("theta", {"model_type": "llama", "rope_theta": -1.0}, "rope_theta"),
+      ("llama3", {"model_type": "llama", "rope_scaling": {"rope_type": "llama3"}}, "llama3"),
+  )
+  def test_rejects(self, hf, match):
+    with self.assertRaisesRegex(ValueError, match):
+      hf_import.model_config_from_hf(hf)
+
+
 class ErrorTest(parameterized.TestCase):
 
   def _copy(self, case):

@@ -19,7 +19,10 @@ tensor to its parameter:
 
 Rotary embeddings use the same "rotate half" layout as Hugging Face, so q/k
 need no permutation. Both the transformers 5 (`rope_parameters`) and the
-older (`rope_theta`, `rope_scaling`) config layouts are read.
+older (`rope_theta`, `rope_scaling`) config layouts are read. Keys that
+`config.json` omits take each family's own transformers defaults
+(`HF_DEFAULTS`): Qwen2's output head, for one, is untied unless the config says
+otherwise.
 """
 
 import json
@@ -34,20 +37,114 @@ from safetensors import safe_open
 from agentic_grpo.models import transformer
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# Known families the policy cannot run, with the reason (checked before anything is read).
+_QWEN3 = ("per-head q/k RMSNorm (q_norm, k_norm); its defaults also differ from Qwen2's: "
+          "head_dim 128, no q/k/v bias")
+_UNSUPPORTED = {"Qwen3ForCausalLM": _QWEN3, "qwen3": _QWEN3}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# What transformers uses for a key that `config.json` omits (the `LlamaConfig` / `Qwen2Config`
+# class defaults, the same in transformers 4.x and 5.x). `None` means "derived": head_dim =
+# hidden_size // num_attention_heads, num_key_value_heads = num_attention_heads. Qwen2 differs
+# from Llama in num_key_value_heads (32, not the head count), max_position_embeddings, the
+# vocabulary, and its q/k/v bias (always on, no config key); neither ties its output head by
+# default. (Qwen3Config, for reference: as Qwen2 but head_dim 128 and attention_bias False.)
+HF_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
+              "head_dim": None, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+              "rope_theta": 10_000.0, "tie_word_embeddings": False, "attention_bias": False,
+              "mlp_bias": False, "hidden_act": "silu"},
+    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+              "head_dim": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "rope_theta": 10_000.0, "tie_word_embeddings": False, "use_sliding_window": False,
+              "hidden_act": "silu"},
+}
 
 
 def _read_config(path: str) -> dict[str, Any]:
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     raise ValueError(f"no config.json in checkpoint path {path!r}")
-  with open(file, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(file, encoding="utf-8") as f:
+      hf = json.load(f)
+  except (ValueError, RecursionError) as e:  # JSON or UTF-8 errors, absurd nesting
+    raise ValueError(f"config.json in {path!r} is not valid JSON: {e}") from e
+  if not isinstance(hf, dict):
+    raise ValueError(f"config.json in {path!r} must be a JSON object, got {type(hf).__name__}")
+  return hf
+
+
+def _family(hf: dict[str, Any]) -> str:
+  """`llama` or `qwen2`, from `architectures` (else `model_type`)."""
+  archs = hf.get("architectures") or []
+  archs = archs if isinstance(archs, list) else [archs]
+  model_type = hf.get("model_type")
+  for name in list(archs) + [model_type]:
+    if isinstance(name, str) and name in _UNSUPPORTED:
+      raise ValueError(f"unsupported architecture {name!r} ({_UNSUPPORTED[name]}); supported: "
+                       f"{sorted(SUPPORTED_ARCHITECTURES)}")
+  known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
+  if known:
+    return SUPPORTED_ARCHITECTURES[known[0]]
+  if model_type in SUPPORTED_ARCHITECTURES.values():
+    return model_type
+  raise ValueError(f"unsupported architecture {archs or model_type!r}; supported: "
+                   f"{sorted(SUPPORTED_ARCHITECTURES)}")
+
+
+def _getter(hf: dict[str, Any], family: str):
+  """`get(key, kind)`: `hf[key]` (the family's default when absent or null), checked."""
+  defaults = HF_DEFAULTS[family]
+
+  def get(key: str, kind: type):
+    value = hf.get(key)
+    value = defaults[key] if value is None else value
+    ok = (isinstance(value, bool) if kind is bool else
+          isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+          and (kind is float or float(value).is_integer()))
+    if not ok:
+      raise ValueError(f"config.json {key}={value!r}: expected a "
+                       f"{'bool' if kind is bool else 'positive ' + kind.__name__}")
+    return kind(value)
+
+  return get
+
+
+def _rope(hf: dict[str, Any], family: str):
+  """`(rope_theta, Llama3RopeScaling or None)`; both config layouts."""
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  if not isinstance(rope, dict):
+    raise ValueError(f"config.json rope_parameters must be an object, got {rope!r:.80}")
+  theta = rope.get("rope_theta", hf.get("rope_theta"))
+  theta = HF_DEFAULTS[family]["rope_theta"] if theta is None else theta
+  if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+    raise ValueError(f"config.json rope_theta={theta!r}: expected a positive number")
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type == "default":
+    return float(theta), None
+  if rope_type != "llama3":
+    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
+  try:
+    return float(theta), transformer.Llama3RopeScaling(
+        factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position=int(rope.get("original_max_position_embeddings")
+                                  or hf.get("max_position_embeddings")
+                                  or HF_DEFAULTS[family]["max_position_embeddings"]))
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"config.json llama3 rope_parameters incomplete or malformed: {e!r}") from e
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None) -> transformer.ModelConfig:
   """`ModelConfig` for a Hugging Face `config.json` dict.
+
+  A key the dict omits (or sets to null) takes the family's transformers default
+  (`HF_DEFAULTS`), as `from_pretrained` would: e.g. a Qwen2 config without
+  `tie_word_embeddings` has an untied output head, one without `num_key_value_heads` has 32.
 
   Args:
     hf: the parsed `config.json`.
@@ -55,55 +152,44 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None) ->
       checkpoint's `dtype` / `torch_dtype`, else float32).
 
   Raises:
-    ValueError: an unsupported architecture, activation, rope type, MLP or
-      output-projection bias, or sliding-window attention.
+    ValueError: an unsupported architecture (Qwen3 included), activation, rope type, MLP or
+      output-projection bias, or sliding-window attention; a value of the wrong type or range
+      (naming the key).
   """
-  archs = hf.get("architectures") or []
-  model_type = hf.get("model_type")
-  known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
-  if not known and model_type not in SUPPORTED_ARCHITECTURES.values():
-    raise ValueError(f"unsupported architecture {archs or model_type!r}; supported: "
-                     f"{sorted(SUPPORTED_ARCHITECTURES)}")
-  family = SUPPORTED_ARCHITECTURES[known[0]] if known else model_type
-  act = hf.get("hidden_act", "silu")
-  if act != "silu":
-    raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU)")
-  if hf.get("mlp_bias"):
+  family = _family(hf)
+  get = _getter(hf, family)
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU)")
+  # Qwen2 has no MLP or o_proj bias whatever the config says; Llama's flags add them.
+  if family == "llama" and get("mlp_bias", bool):
     raise ValueError("unsupported mlp_bias=true")
-  if family == "llama" and hf.get("attention_bias"):
+  if family == "llama" and get("attention_bias", bool):
     raise ValueError("unsupported attention_bias=true for llama (o_proj bias)")
-  if family == "qwen2" and hf.get("use_sliding_window"):
+  if family == "qwen2" and get("use_sliding_window", bool):
     raise ValueError("unsupported use_sliding_window=true")
-  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  scaling = None
-  if rope_type == "llama3":
-    scaling = transformer.Llama3RopeScaling(
-        factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-        high_freq_factor=float(rope["high_freq_factor"]),
-        original_max_position=int(rope["original_max_position_embeddings"]))
-  elif rope_type != "default":
-    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
+  theta, scaling = _rope(hf, family)
   stored = hf.get("dtype") or hf.get("torch_dtype") or "float32"
   if stored not in _DTYPES:
     raise ValueError(f"unsupported checkpoint dtype {stored!r}; supported: {sorted(_DTYPES)}")
   param_dtype = param_dtype or _DTYPES[stored]
-  n_heads = int(hf["num_attention_heads"])
-  d_model = int(hf["hidden_size"])
+  n_heads, d_model = get("num_attention_heads", int), get("hidden_size", int)
+  # A null num_key_value_heads (given, or Llama's default) means as many as the query heads.
+  kv = hf.get("num_key_value_heads", HF_DEFAULTS[family]["num_key_value_heads"])
+  n_kv = n_heads if kv is None else get("num_key_value_heads", int)
+  head_dim = d_model // n_heads if hf.get("head_dim") is None else get("head_dim", int)
   return transformer.ModelConfig(
-      vocab_size=int(hf["vocab_size"]),
+      vocab_size=get("vocab_size", int),
       d_model=d_model,
-      n_layers=int(hf["num_hidden_layers"]),
+      n_layers=get("num_hidden_layers", int),
       n_heads=n_heads,
-      n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-      head_dim=int(hf.get("head_dim") or d_model // n_heads),
-      mlp_dim=int(hf["intermediate_size"]),
-      rope_theta=float(theta),
+      n_kv_heads=n_kv,
+      head_dim=head_dim,
+      mlp_dim=get("intermediate_size", int),
+      rope_theta=theta,
       qkv_bias=family == "qwen2",
-      tie_embeddings=bool(hf.get("tie_word_embeddings", family == "qwen2")),
-      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      max_seq_len=int(hf.get("max_position_embeddings", 2048)),
+      tie_embeddings=get("tie_word_embeddings", bool),
+      norm_eps=get("rms_norm_eps", float),
+      max_seq_len=get("max_position_embeddings", int),
       dtype=dtype or param_dtype,
       param_dtype=param_dtype,
       rope_scaling=scaling,
