@@ -8,6 +8,7 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import loading
@@ -155,6 +156,117 @@ class MbppTest(parameterized.TestCase):
       mbpp.load_mbpp(path)
     with self.assertRaisesRegex(ValueError, "num_public"):
       mbpp.load_mbpp(path, num_public=-1)
+
+
+_HE_ROW = {"task_id": "X/0", "prompt": "def f(x):\n  \"\"\"\n  >>> f(1)\n  2\n  \"\"\"\n",
+           "entry_point": "f", "canonical_solution": "  return x + 1\n",
+           "test": "def check(candidate):\n  assert candidate(1) == 2\n"}
+_DEEP = "[" * 10**5 + "]" * 10**5
+_ODD_VALUES = (None, 0, -1, 1.5, True, "", " ", "x", [], {}, [1, "a"], {"a": [1]}, 10**4000,
+               -10**30, float("inf"), _DEEP, "assert f(" + _DEEP + ") == 1", "9" * 5000,
+               "def f(x):\n  return " + "-" * 10**5 + "x\n", "\x00", [_DEEP], [[[[[[[[1]]]]]]]])
+
+
+def _mutated_line(rng, row: dict) -> tuple[bytes, bool]:
+  """A mutated JSONL line of `row`; True when the mutation is inside a field (the row is valid
+  JSON), so that a rejection must name the field."""
+  kind = rng.integers(8)
+  text = json.dumps(row).encode()
+  if kind == 0:  # random bytes (possibly several lines)
+    return rng.integers(0, 256, rng.integers(1, 300), dtype=np.uint8).tobytes(), False
+  if kind == 1:  # truncated
+    return text[:rng.integers(0, len(text))], False
+  if kind == 2:  # flipped bytes
+    b = bytearray(text)
+    for i in rng.integers(0, len(b), rng.integers(1, 4)):
+      b[i] ^= int(rng.integers(1, 256))
+    return bytes(b), False
+  if kind == 3:  # invalid UTF-8
+    i = int(rng.integers(0, len(text)))
+    bad = [b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80\x80"][rng.integers(4)]
+    return text[:i] + bad + text[i:], False
+  if kind == 4:  # deep nesting as the whole line, or huge numbers
+    return [_DEEP.encode(), b"1" * 5000, b'{"task_id": ' + b"9" * 5000 + b"}",
+            b"[" * 10**5][rng.integers(4)], False
+  field = list(row)[rng.integers(len(row))]
+  changed = dict(row)
+  if kind == 5:  # a missing field
+    del changed[field]
+  else:  # wrong types, deep nesting, huge numbers, parser bombs inside a field
+    changed[field] = _ODD_VALUES[rng.integers(len(_ODD_VALUES))]
+  return json.dumps(changed).encode(), True
+
+
+class FuzzTest(parameterized.TestCase):
+  """Property: no malformed row stops a load under `skip`; under `raise` the error is a
+  `RowError` (a ValueError) naming the file and row, and the field when the row is JSON."""
+
+  LOADERS = {"mbpp": (lambda p, **kw: mbpp.load_mbpp(p, **kw), (_IO_ROW, _SCRIPT_ROW)),
+             "humaneval": (lambda p, **kw: humaneval.load_humaneval(p, **kw), (_HE_ROW,))}
+
+  def _write(self, data: bytes, gz: bool) -> str:
+    path = os.path.join(self.create_tempdir().full_path, "rows.jsonl" + (".gz" if gz else ""))
+    with (gzip.open if gz else open)(path, "wb") as f:
+      f.write(data)
+    return path
+
+  @parameterized.product(loader=("mbpp", "humaneval"), gz=(False, True))
+  def test_mutated_rows(self, loader, gz):
+    load, good_rows = self.LOADERS[loader]
+    rng = np.random.default_rng(0 if loader == "mbpp" else 1)
+    for _ in range(6):
+      lines, in_field = [], {}
+      for _ in range(12):
+        if rng.random() < 0.3:
+          lines.append(json.dumps(good_rows[rng.integers(len(good_rows))]).encode())
+        else:
+          line, named = _mutated_line(rng, good_rows[rng.integers(len(good_rows))])
+          lines.append(line)
+          if named:
+            in_field[len(b"\n".join(lines).split(b"\n"))] = True
+      data = b"\n".join(lines) + b"\n"
+      path = self._write(data, gz)
+      errors = []
+      tasks = load(path, on_error="skip", errors=errors)
+      rows = sum(1 for line in data.split(b"\n") if line.strip())
+      self.assertEqual(len(tasks) + len(errors), rows)  # every row is loaded or counted
+      for e in errors:
+        self.assertIsInstance(e, loading.RowError)
+        self.assertEqual(e.path, path)
+        self.assertIn(f"row {e.row}", str(e))
+        if in_field.get(e.row):
+          self.assertIsNotNone(e.field, str(e))  # a malformed value names its field
+          self.assertIn(f"field {e.field!r}", str(e))
+      if errors:
+        with self.assertRaises(loading.RowError) as raised:
+          load(path, on_error="raise")
+        self.assertEqual((raised.exception.path, raised.exception.row, raised.exception.field),
+                         (path, errors[0].row, errors[0].field))
+      else:
+        self.assertLen(load(path, on_error="raise"), rows)
+
+  @parameterized.product(loader=("mbpp", "humaneval"), gz=(False, True))
+  def test_random_bytes(self, loader, gz):
+    load, _ = self.LOADERS[loader]
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+      path = self._write(rng.integers(0, 256, rng.integers(1, 4000), dtype=np.uint8).tobytes(), gz)
+      errors = []
+      self.assertEmpty(load(path, on_error="skip", errors=errors))
+      self.assertNotEmpty(errors)
+      with self.assertRaisesRegex(ValueError, r"rows\.jsonl.*: row \d+"):
+        load(path, on_error="raise")
+
+  def test_corrupt_gzip_tail_keeps_earlier_rows(self):
+    buf = gzip.compress((json.dumps(_IO_ROW) + "\n").encode() * 3)
+    path = self._write(b"", False) + ".gz"
+    with open(path, "wb") as f:
+      f.write(buf[:-12])  # the stream is truncated: its trailer and some data are gone
+    errors = []
+    tasks = mbpp.load_mbpp(path, on_error="skip", errors=errors)
+    self.assertLen(errors, 1)
+    self.assertIn("unreadable data", str(errors[0]))
+    self.assertLessEqual(len(tasks), 3)
 
 
 class ParsingTest(absltest.TestCase):

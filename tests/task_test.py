@@ -1,9 +1,12 @@
 """Tests for agentic_grpo.tasks.task."""
 
+import json
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import hypothesis
 from hypothesis import strategies as st
+import numpy as np
 
 from agentic_grpo.tasks import literals
 from agentic_grpo.tasks import task as task_lib
@@ -102,6 +105,56 @@ class TaskTest(parameterized.TestCase):
       task_lib.task_from_dict(d)
     with self.assertRaisesRegex(ValueError, "JSON"):
       task_lib.task_from_json("{")
+
+
+class TaskFromJsonFuzzTest(absltest.TestCase):
+  """Property: malformed task JSON of any kind raises a ValueError, never anything else."""
+
+  ODD = (None, 0, 1.5, True, "", "x", [], {}, [1, "a"], {"a": [1]}, 10**4000, "9" * 5000,
+         "[" * 10**5 + "]" * 10**5, "(" * 10**5, "-" * 10**5 + "1", "\x00", ["a", 1])
+
+  def _check(self, text):
+    try:
+      got = task_lib.task_from_json(text)
+    except ValueError:
+      return
+    self.assertIsInstance(got, task_lib.Task)
+
+  def test_mutations(self):
+    rng = np.random.default_rng(0)
+    good = task_lib.task_to_dict(_task())
+    raw = json.dumps(good).encode()
+    for _ in range(300):
+      kind = rng.integers(5)
+      if kind == 0:
+        b = bytearray(raw)
+        for i in rng.integers(0, len(b), rng.integers(1, 4)):
+          b[i] ^= int(rng.integers(1, 256))
+        data = bytes(b)
+      elif kind == 1:
+        data = raw[:rng.integers(0, len(raw))]
+      elif kind == 2:
+        data = rng.integers(0, 256, rng.integers(1, 200), dtype=np.uint8).tobytes()
+      else:
+        d = dict(good)
+        key = list(d)[rng.integers(len(d))]
+        if kind == 3:
+          del d[key]
+        else:
+          d[key] = self.ODD[rng.integers(len(self.ODD))]
+        data = json.dumps(d).encode()
+      self._check(data)  # bytes: json decodes (and rejects) the encoding itself
+      self._check(data.decode("utf-8", "replace"))
+    for text in ("[" * 10**5 + "]" * 10**5, "1" * 5000, '{"a": ' + "[" * 10**5, "null"):
+      with self.assertRaises(ValueError):
+        task_lib.task_from_json(text)
+
+  def test_wrong_types_name_the_field(self):
+    for key, value in (("prompt", 7), ("difficulty", "1"), ("metadata", [1]),
+                       ("hidden_script", 3), ("probe", "(" * 10**5)):
+      d = dict(task_lib.task_to_dict(_task()), **{key: value})
+      with self.assertRaisesRegex(ValueError, f"'{key}'"):
+        task_lib.task_from_dict(d)
 
 
 if __name__ == "__main__":

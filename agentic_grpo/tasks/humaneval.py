@@ -29,7 +29,8 @@ def problem_to_task(problem: dict, row: int = 0, path: str = "<humaneval>") -> t
   """One HumanEval problem dict to a `Task`.
 
   Raises:
-    loading.RowError: naming the row and field for a missing or malformed field.
+    loading.RowError: naming the row and field for a missing or malformed field (any content:
+      bad types, unparsable or absurdly nested code, huge values).
   """
   task_id = loading.require(problem, "task_id", str, path, row)
   prompt = loading.require(problem, "prompt", str, path, row)
@@ -38,6 +39,7 @@ def problem_to_task(problem: dict, row: int = 0, path: str = "<humaneval>") -> t
   test = loading.require(problem, "test", str, path, row)
   if not entry_point.isidentifier():
     raise loading.RowError(path, row, "entry_point", f"not an identifier: {entry_point!r}")
+  loading.parse_source(prompt + solution, path, row, "canonical_solution")
   found = loading.function_signature(prompt + solution, entry_point)
   if found is None:
     raise loading.RowError(path, row, "prompt",

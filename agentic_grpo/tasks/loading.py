@@ -4,6 +4,7 @@ import ast
 import doctest
 import gzip
 import json
+import zlib
 from typing import Any, Callable, Iterator, Optional
 
 from absl import logging
@@ -27,20 +28,51 @@ def check_on_error(on_error: str) -> None:
     raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
 
 
+def short_repr(value: Any, limit: int = 60) -> str:
+  """`repr(value)` cut to `limit` characters; never raises (deep nesting, huge ints)."""
+  try:
+    text = repr(value)
+  except Exception:  # pylint: disable=broad-except
+    return f"<unprintable {type(value).__name__}>"
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _parse_line(path: str, row: int, line: bytes) -> Any:
+  """One JSONL line to its value, or a `RowError` (bad UTF-8, bad JSON, absurd nesting)."""
+  try:
+    text = line.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return RowError(path, row, None, f"not UTF-8 (byte {line[e.start]:#04x} at column "
+                                     f"{e.start + 1})")
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    return RowError(path, row, None, f"not JSON ({e.msg} at column {e.colno})")
+  except (ValueError, RecursionError, MemoryError) as e:  # huge integers, deep nesting
+    return RowError(path, row, None, f"not readable JSON ({type(e).__name__}: "
+                                     f"{short_repr(str(e), 80)})")
+
+
 def read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
   """Yields `(row, parsed JSON or RowError)` for every non-blank line (gzip by suffix).
 
-  A line that is not JSON yields a `RowError` instead of raising, so that the caller decides.
+  A line that is not UTF-8 or not JSON (also: nested too deeply, or an integer too long to
+  convert) yields a `RowError` instead of raising, so that the caller decides. Compressed data
+  that cannot be read yields one `RowError` for the row it stopped at, and ends the file.
+
+  Raises:
+    OSError: if `path` cannot be opened.
   """
-  opener = gzip.open if str(path).endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    for row, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        yield row, json.loads(line)
-      except json.JSONDecodeError as e:
-        yield row, RowError(str(path), row, None, f"not JSON ({e.msg} at column {e.colno})")
+  path = str(path)
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    row = 0
+    try:
+      for row, line in enumerate(f, start=1):
+        if line.strip():
+          yield row, _parse_line(path, row, line)
+    except (OSError, EOFError, zlib.error) as e:  # a corrupt or truncated gzip stream
+      yield row + 1, RowError(path, row + 1, None, f"unreadable data ({type(e).__name__}: {e})")
 
 
 def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error: str,
@@ -49,15 +81,16 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
 
   `convert` raises `RowError` for a malformed row; any other exception from it is wrapped
   into one (field unknown). With `on_error="raise"` the first error propagates; with `"skip"`
-  the row is logged, appended to `errors` (if given) and skipped.
+  the row is logged, appended to `errors` (if given) and skipped: no malformed row, whatever
+  its bytes, stops the load.
 
   Raises:
     ValueError: for an unknown `on_error`.
     RowError: with `on_error="raise"`, for the first malformed row.
-    OSError: if `path` cannot be read.
+    OSError: if `path` cannot be opened.
   """
   check_on_error(on_error)
-  tasks = []
+  tasks, skipped = [], 0
   for row, value in read_jsonl(path):
     try:
       if isinstance(value, RowError):
@@ -66,13 +99,16 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
         raise RowError(str(path), row, None, f"expected a JSON object, got {type(value).__name__}")
       tasks.append(convert(value, row))
     except Exception as e:  # pylint: disable=broad-except
-      err = e if isinstance(e, RowError) else RowError(str(path), row, None,
-                                                       f"{type(e).__name__}: {e}")
+      err = e if isinstance(e, RowError) else RowError(
+          str(path), row, None, f"{type(e).__name__}: {short_repr(str(e), 200)}")
       if on_error == "raise":
         raise err from (None if err is e else e)
+      skipped += 1
       logging.warning("skipping malformed row: %s", err)
       if errors is not None:
         errors.append(err)
+  if skipped:
+    logging.warning("%s: skipped %d malformed row(s), loaded %d", path, skipped, len(tasks))
   return tasks
 
 
@@ -82,8 +118,21 @@ def require(d: dict, key: str, kind: type, path: str, row: int) -> Any:
     raise RowError(path, row, key, "missing")
   value = d[key]
   if not isinstance(value, kind) or (kind is str and not value.strip()):
-    raise RowError(path, row, key, f"expected a non-empty {kind.__name__}, got {value!r:.60}")
+    raise RowError(path, row, key, f"expected a non-empty {kind.__name__}, got "
+                                   f"{short_repr(value)}")
   return value
+
+
+def parse_source(source: str, path: str, row: int, field: str):
+  """`ast.parse(source)`, or a `RowError` naming the field for any parser failure (syntax,
+  null bytes, nesting or size limits)."""
+  try:
+    return ast.parse(source)
+  except SyntaxError as e:
+    raise RowError(path, row, field, f"does not parse: {e.msg} (line {e.lineno})") from e
+  except Exception as e:  # pylint: disable=broad-except
+    raise RowError(path, row, field, f"does not parse: {type(e).__name__}: "
+                                     f"{short_repr(str(e), 80)}") from e
 
 
 def call_example(call_src: str, expected_src: str, entry_point: str
@@ -102,25 +151,26 @@ def call_example(call_src: str, expected_src: str, entry_point: str
 
 
 def assert_example(assert_src: str, entry_point: str) -> Optional[task_lib.Example]:
-  """`Example` of an `assert entry_point(args) == expected` line, else None."""
+  """`Example` of an `assert entry_point(args) == expected` line, else None (never raises)."""
   try:
     node = ast.parse(assert_src.strip()).body
+    if len(node) != 1 or not isinstance(node[0], ast.Assert):
+      return None
+    test = node[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)):
+      return None
+    left, right = ast.unparse(test.left), ast.unparse(test.comparators[0])
   except Exception:  # pylint: disable=broad-except
     return None
-  if len(node) != 1 or not isinstance(node[0], ast.Assert):
-    return None
-  test = node[0].test
-  if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-          and isinstance(test.ops[0], ast.Eq)):
-    return None
-  return call_example(ast.unparse(test.left), ast.unparse(test.comparators[0]), entry_point)
+  return call_example(left, right, entry_point)
 
 
 def doctest_examples(source: str, entry_point: str) -> tuple[task_lib.Example, ...]:
   """`>>> entry_point(...)` examples with literal arguments and outputs in `source`."""
   try:
     parsed = doctest.DocTestParser().get_examples(source)
-  except ValueError:
+  except Exception:  # pylint: disable=broad-except
     return ()
   out = []
   for ex in parsed:
@@ -133,14 +183,15 @@ def doctest_examples(source: str, entry_point: str) -> tuple[task_lib.Example, .
 
 
 def function_signature(source: str, name: str) -> Optional[tuple[str, int]]:
-  """`(signature without def, line index of the def)` of top-level function `name`, or None."""
+  """`(signature without def, line index of the def)` of top-level function `name`, or None
+  (also when `source` does not parse, for any reason)."""
   try:
     tree = ast.parse(source)
-  except SyntaxError:
+    for node in tree.body:
+      if isinstance(node, ast.FunctionDef) and node.name == name:
+        returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        return f"{name}({ast.unparse(node.args)}){returns}", first
+  except Exception:  # pylint: disable=broad-except
     return None
-  for node in tree.body:
-    if isinstance(node, ast.FunctionDef) and node.name == name:
-      returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-      first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-      return f"{name}({ast.unparse(node.args)}){returns}", first
   return None

@@ -23,10 +23,10 @@ from agentic_grpo.tasks import task as task_lib
 
 
 def _called_function(assert_src: str, defined: set[str]) -> Optional[str]:
-  """Name of the first function called in an assert that the solution defines."""
+  """Name of the first function called in an assert that the solution defines (never raises)."""
   try:
     tree = ast.parse(assert_src.strip())
-  except SyntaxError:
+  except Exception:  # pylint: disable=broad-except  (syntax, null bytes, nesting limits)
     return None
   for node in ast.walk(tree):
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
@@ -39,39 +39,49 @@ def row_to_task(row_dict: dict, row: int = 0, path: str = "<mbpp>", *, num_publi
   """One MBPP row to a `Task`.
 
   Raises:
-    loading.RowError: naming the row and field for a missing or malformed field.
+    loading.RowError: naming the row and field for a missing or malformed field (any content:
+      bad types, unparsable or absurdly nested code, huge values).
   """
   d = row_dict
   text_key = "text" if "text" in d else "prompt"
   text = loading.require(d, text_key, str, path, row)
   code = loading.require(d, "code", str, path, row)
-  if "task_id" not in d or not isinstance(d["task_id"], (int, str)) or d["task_id"] == "":
+  task_id = d.get("task_id")
+  if (not isinstance(task_id, (int, str)) or isinstance(task_id, bool) or task_id == ""
+      or isinstance(task_id, int) and abs(task_id) >= 10**18):
     raise loading.RowError(path, row, "task_id", f"expected an int or str, got "
-                           f"{d.get('task_id')!r:.40}")
+                           f"{loading.short_repr(task_id, 40)}")
   tests = loading.require(d, "test_list", list, path, row)
   extra = d.get("challenge_test_list") or []
   if not isinstance(extra, list):
-    raise loading.RowError(path, row, "challenge_test_list", f"expected a list, got {extra!r:.40}")
-  for field, values in (("test_list", tests), ("challenge_test_list", extra)):
-    for i, t in enumerate(values):
-      if not isinstance(t, str) or not t.strip():
-        raise loading.RowError(path, row, field, f"item {i} is not a non-empty str: {t!r:.40}")
-  if not tests:
-    raise loading.RowError(path, row, "test_list", "empty")
+    raise loading.RowError(path, row, "challenge_test_list",
+                           f"expected a list, got {loading.short_repr(extra, 40)}")
   setup = d.get("test_setup_code") or ""
   imports = d.get("test_imports") or []
-  if not isinstance(setup, str) or not isinstance(imports, list):
-    raise loading.RowError(path, row, "test_setup_code", "expected a str (and list imports)")
-  try:
-    tree = ast.parse(code)
-  except SyntaxError as e:
-    raise loading.RowError(path, row, "code", f"does not parse: {e.msg} (line {e.lineno})") from e
+  if not isinstance(setup, str):
+    raise loading.RowError(path, row, "test_setup_code",
+                           f"expected a str, got {loading.short_repr(setup, 40)}")
+  if not isinstance(imports, list):
+    raise loading.RowError(path, row, "test_imports",
+                           f"expected a list, got {loading.short_repr(imports, 40)}")
+  for field, values in (("test_list", tests), ("challenge_test_list", extra),
+                        ("test_imports", imports)):
+    for i, t in enumerate(values):
+      if not isinstance(t, str) or not t.strip():
+        raise loading.RowError(path, row, field,
+                               f"item {i} is not a non-empty str: {loading.short_repr(t, 40)}")
+  if not tests:
+    raise loading.RowError(path, row, "test_list", "empty")
+  tree = loading.parse_source(code, path, row, "code")
   defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
   entry_point = _called_function(tests[0], defined)
   if entry_point is None:
-    raise loading.RowError(path, row, "test_list",
-                           f"item 0 calls no function that `code` defines: {tests[0]!r:.60}")
-  signature = loading.function_signature(code, entry_point)[0]
+    raise loading.RowError(path, row, "test_list", f"item 0 calls no function that `code` "
+                                                   f"defines: {loading.short_repr(tests[0])}")
+  found = loading.function_signature(code, entry_point)
+  if found is None:
+    raise loading.RowError(path, row, "code", f"signature of {entry_point!r} cannot be read")
+  signature = found[0]
   all_tests = list(tests) + list(extra)
   examples = [loading.assert_example(t, entry_point) for t in all_tests]
   if all(e is not None for e in examples):
@@ -83,7 +93,7 @@ def row_to_task(row_dict: dict, row: int = 0, path: str = "<mbpp>", *, num_publi
     public = tuple(e for e in examples[:num_public] if e is not None)
   prompt = "\n".join([text.strip(), signature] + [task_lib.format_example(e) for e in public])
   return task_lib.Task(
-      task_id=f"mbpp/{d['task_id']}",
+      task_id=f"mbpp/{task_id}",
       prompt=prompt,
       entry_point=entry_point,
       signature=signature,

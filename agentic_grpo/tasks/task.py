@@ -203,28 +203,55 @@ def task_to_dict(task: Task) -> dict[str, Any]:
   return d
 
 
+_OPTIONAL_STR_FIELDS = ("reference_solution", "hidden_script")
+
+
+def _check_scalar(k: str, v: Any) -> None:
+  if k == "difficulty":
+    ok = isinstance(v, int) and not isinstance(v, bool)
+  elif k in _OPTIONAL_STR_FIELDS:
+    ok = v is None or isinstance(v, str)
+  else:
+    ok = isinstance(v, str)
+  if not ok:
+    want = "an int" if k == "difficulty" else "a str or null" if k in _OPTIONAL_STR_FIELDS else "a str"
+    raise ValueError(f"field {k!r}: expected {want}, got {type(v).__name__}")
+
+
 def task_from_dict(d: Mapping[str, Any]) -> Task:
   """Inverse of `task_to_dict`.
 
   Raises:
-    ValueError: naming the field that is missing or malformed.
+    ValueError: naming the field that is missing or malformed (wrong type, not a literal,
+      nested or sized beyond the parser's limits).
   """
+  if not isinstance(d, Mapping):
+    raise ValueError(f"task dict must be a mapping, got {type(d).__name__}")
   kwargs = {}
   for k in _SCALAR_FIELDS:
     if k not in d:
       raise ValueError(f"task dict lacks field {k!r}")
+    _check_scalar(k, d[k])
     kwargs[k] = d[k]
   for k in ("public_examples", "hidden_tests"):
     try:
       kwargs[k] = _examples_from_text(d[k])
-    except (KeyError, ValueError, TypeError) as e:
-      raise ValueError(f"field {k!r}: {e}") from e
-  try:
-    kwargs["probe"] = None if d.get("probe") is None else tuple(parse_value(d["probe"]))
-    kwargs["probe_expected"] = parse_value(d.get("probe_expected", "None"))
-  except (ValueError, TypeError) as e:
-    raise ValueError(f"field 'probe': {e}") from e
-  kwargs["metadata"] = dict(d.get("metadata") or {})
+    except Exception as e:  # pylint: disable=broad-except  (any malformed content)
+      raise ValueError(f"field {k!r}: {type(e).__name__}: {e}") from e
+  for k in ("probe", "probe_expected"):
+    try:
+      if k == "probe":
+        kwargs[k] = None if d.get(k) is None else tuple(parse_value(d[k]))
+      else:
+        kwargs[k] = parse_value(d.get(k, "None"))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f"field {k!r}: {type(e).__name__}: {e}") from e
+  metadata = d.get("metadata") or {}
+  if not (isinstance(metadata, Mapping)
+          and all(isinstance(a, str) and isinstance(b, str) for a, b in metadata.items())):
+    raise ValueError(f"field 'metadata': expected an object of strings, got "
+                     f"{type(metadata).__name__}")
+  kwargs["metadata"] = dict(metadata)
   return Task(**kwargs)
 
 
@@ -234,11 +261,18 @@ def task_to_json(task: Task) -> str:
 
 
 def task_from_json(text: str) -> Task:
-  """Inverse of `task_to_json` (raises ValueError on malformed input)."""
+  """Inverse of `task_to_json`.
+
+  Raises:
+    ValueError: for malformed input of any kind: not UTF-8 (bytes), not JSON, nested too
+      deeply, not an object, or a malformed field (named).
+  """
   try:
     d = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"not JSON: {e}") from e
+  except (ValueError, TypeError, RecursionError, MemoryError) as e:
+    raise ValueError(f"not JSON: {type(e).__name__}: {str(e)[:80]}") from e
   if not isinstance(d, dict):
     raise ValueError(f"task JSON must be an object, got {type(d).__name__}")
   return task_from_dict(d)

@@ -97,7 +97,12 @@ def decode_task(record: Mapping[str, Any]) -> task_lib.Task:
   if "task" not in record:
     raise ValueError(f"record has no 'task' field; fields: {sorted(record)}")
   raw = record["task"]
-  return task_lib.task_from_json(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+  if isinstance(raw, bytes):
+    try:
+      raw = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"record field 'task' is not UTF-8: {e}") from e
+  return task_lib.task_from_json(raw)
 
 
 def task_dataset(source: Sequence[Mapping[str, Any]], *, seed: Optional[int] = None,
