@@ -388,7 +388,7 @@ class LogSection:
 class MeshSection:
   """Device mesh shape over axes (`data`, `fsdp`, `tensor`); -1 takes the remaining devices.
 
-  `logical_axis_rules` overrides `sharding.DEFAULT_RULES`: pairs `(logical_axis, mesh_axes)`
+  `logical_axis_rules` overrides `parallel.DEFAULT_RULES`: pairs `(logical_axis, mesh_axes)`
   with `mesh_axes` a comma-separated list of mesh axes (`"data,fsdp"`), or `""` for replicated;
   empty means the defaults.
   """
@@ -410,7 +410,7 @@ class MeshSection:
              f"{path}.logical_axis_rules[{i}]", "must name mesh axes data, fsdp, tensor", rule)
 
   def rules(self):
-    """The rules in `sharding`'s form (`(name, None | axis | (axes...))`), or None."""
+    """The rules in `parallel`'s form (`(name, None | axis | (axes...))`), or None."""
     if not self.logical_axis_rules:
       return None
     out = []

@@ -54,11 +54,12 @@ import numpy as np
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
+from agentic_grpo import parallel
 from agentic_grpo import replay as replay_lib
-from agentic_grpo import sharding
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
@@ -165,7 +166,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
       seed=cfg.task.seed, depths=cfg.task.depths, string_prob=cfg.task.string_prob,
       ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden,
       split_by=cfg.task.split_by))
-  share = sharding.process_slice(cfg.task.eval_size)
+  share = parallel.process_slice(cfg.task.eval_size)
   eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
   if pool is None:
     pool = sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
@@ -183,8 +184,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
       dataclasses.replace(wf_config, score_stages=score_stages, **overrides), pool)
   factory = lambda: make(counting)
   probe = factory()
-  mesh = sharding.make_mesh(cfg)
-  sharded_model, shardings = sharding.learner_shardings(
+  mesh = parallel.make_mesh(cfg)
+  sharded_model, shardings = learner.learner_shardings(
       model_config, mesh, rl_optimizer(cfg), cfg.mesh.rules(),
       with_reference=cfg.loss.kl_beta > 0)
   return Components(cfg, tok, model_config, graphdef, tasks, eval_tasks, pool, counting, factory,
@@ -220,7 +221,7 @@ def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = N
   `temperature` defaults to `rl.temperature` (the behaviour policy's); evaluation passes
   `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way.
 
-  Jitted over the run's mesh with explicit shardings (`sharding.sampler_shardings`). In a
+  Jitted over the run's mesh with explicit shardings (`sampler_lib.sampler_shardings`). In a
   multi-process run it is a collective: each process passes its own rows, the processes agree
   on the prompt bucket (the longest prompt of any), one program samples every process's rows,
   and each gets its own rows back.
@@ -232,20 +233,20 @@ def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = N
   wf = comp.workflow_factory()
   stop_ids = [tok.token_id(s) for s in wf.stop_tokens()]
   base = jax.random.key(seed)
-  shardings = sharding.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
+  shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
 
   def sample_fn(params, prompts, lengths, counter, greedy):
     key = jax.random.fold_in(base, np.uint32(counter % (1 << 32)))
     buckets = cfg.rl.buckets
     if jax.process_count() > 1:
-      longest = int(sharding.host_allgather(np.int64(np.max(lengths))).max())
+      longest = int(parallel.host_allgather(np.int64(np.max(lengths))).max())
       buckets = (sampler_lib.prompt_bucket(longest, cfg.rl.buckets),)
     out = sampler_lib.sample(
         comp.graphdef, params, prompts, lengths, key, max_new_tokens=cfg.workflow.max_new_tokens,
         temperature=temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
         stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=buckets,
         shardings=shardings)
-    return sharding.local_rows((out.tokens, out.lengths, out.logprobs))
+    return parallel.local_rows((out.tokens, out.lengths, out.logprobs))
 
   return sample_fn
 
@@ -428,19 +429,19 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
     for k in cfg.eval.k:
       out[f"eval/pass@{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
   timeouts = np.int64(counting.pop_counts().get("timeout", 0))
-  out["eval/timeouts"] = float(sharding.host_allgather(timeouts).sum())
+  out["eval/timeouts"] = float(parallel.host_allgather(timeouts).sum())
   out["eval/seconds"] = time.time() - t0
   return out, passed
 
 
 def _gather_task_rows(x: np.ndarray, own: int, total: int) -> np.ndarray:
   """Per-task results `[width, ...]` of every process (its first `own` rows real), joined in
-  task order: `[total, ...]`. The process shares are `sharding.process_slice(total)`."""
+  task order: `[total, ...]`. The process shares are `parallel.process_slice(total)`."""
   count = jax.process_count()
   if count == 1:
     return x[:own]
-  everything = sharding.host_allgather(x)
-  sizes = [len(range(total)[sharding.process_slice(total, p, count)]) for p in range(count)]
+  everything = parallel.host_allgather(x)
+  sizes = [len(range(total)[parallel.process_slice(total, p, count)]) for p in range(count)]
   return np.concatenate([everything[p, :sizes[p]] for p in range(count)])
 
 
@@ -517,8 +518,8 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
                                   warmup_steps=cfg.warmstart.warmup_steps, decay_steps=ws_steps,
                                   final_lr_fraction=cfg.warmstart.final_lr_fraction)
   rl_opt = rl_optimizer(cfg)
-  params0 = sharding.init_params(comp.sharded_model, comp.model_config,
-                                 jax.random.key(cfg.seed))
+  params0 = placement.init_params(comp.sharded_model, comp.model_config,
+                                  jax.random.key(cfg.seed))
   n_proc = jax.process_count()
   multi = n_proc > 1
   if multi:
@@ -528,10 +529,10 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
         raise ValueError(f"config.{name} must be a multiple of the number of processes "
                          f"({n_proc}), got {value}")
   if multi:  # each process places its own rows of the global batch
-    put = lambda batch, keys: sharding.shard_batch(learner.to_device_batch(batch, keys),
+    put = lambda batch, keys: parallel.shard_batch(learner.to_device_batch(batch, keys),
                                                    comp.mesh, cfg.mesh.rules())
   else:
-    put = lambda batch, keys: sharding.put_batch(learner.to_device_batch(batch, keys),
+    put = lambda batch, keys: parallel.put_batch(learner.to_device_batch(batch, keys),
                                                  comp.mesh, cfg.mesh.rules())
   use_kl = cfg.loss.kl_beta > 0
 
@@ -680,7 +681,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
                  "stats": [{k: float(v) for k, v in stats.items()} for _, stats in updates],
                  "replay": {k: replay.counters.get(k, 0) for k in totals}}
         # Every process's numbers (one collective; itself alone in a one-process run).
-        everyone = sharding.allgather_json(local) if multi else [local]
+        everyone = parallel.allgather_json(local) if multi else [local]
         for i, (m_dev, stats) in enumerate(updates):
           if multi:  # the batch's rows came from every process
             stats = collections.Counter()
@@ -730,7 +731,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           ready = replay.num_ready
           want = (sampler_lib.prompt_bucket(replay.ready_lengths()[0], cfg.rl.buckets)
                   if ready else 0)
-          agreed = sharding.host_allgather(np.array([ready, want, idle_batches], np.int64))
+          agreed = parallel.host_allgather(np.array([ready, want, idle_batches], np.int64))
           if cfg.rl.max_idle_batches and agreed[:, 2].min() >= cfg.rl.max_idle_batches:
             logging.warning("%d episode batches in a row gave no learning signal on every "
                             "process (all advantages 0); ending the RL phase at step %d",
@@ -743,7 +744,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           go = replay.num_ready >= rows or (agent.phase == "sample" and replay.num_ready > 0)
         if go:
           batch = replay.take(rows, version, buckets) if replay.num_ready else None
-          if multi and not sharding.host_allgather(np.int64(batch is not None)).any():
+          if multi and not parallel.host_allgather(np.int64(batch is not None)).any():
             continue  # no process has a row with a loss token
           if batch is None and not multi:
             continue

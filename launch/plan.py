@@ -4,7 +4,7 @@ For a model preset, a `(data, fsdp, tensor)` mesh and the batch shapes, prints
 what each device holds: parameters, gradients, optimizer state (the learner's
 own optimizer, from `jax.eval_shape`), the sampler's KV cache, and an estimate
 of the learner's activations. Shardings are the ones the run would use
-(`agentic_grpo.sharding` with the default logical axis rules, on an
+(`agentic_grpo.parallel` and `models.placement` with the default logical axis rules, on an
 `AbstractMesh`: no devices needed), including the replication of dimensions
 the mesh does not divide.
 
@@ -19,7 +19,7 @@ attention is materialised: `[rows, heads, T, T]` per layer, the term that
 dominates at long T), and three float32 `[rows, T, V]` tensors for the
 logits, their log-softmax and the entropy. Rows per device are those of one
 micro-batch; when the batch mesh axes do not divide a micro-batch's rows they
-are not split (as `sharding.batch_sharding` does), so choose
+are not split (as `parallel.batch_sharding` does), so choose
 `learner_rows / micro_batches` as a multiple of `data * fsdp`. XLA may fuse
 some of these away or keep temporaries this count misses; treat the figure
 as a planning number, not a bound.
@@ -35,7 +35,8 @@ import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
-from agentic_grpo import sharding
+from agentic_grpo import parallel
+from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 
 _MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {transformer.PRESETS}")
@@ -101,7 +102,7 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
               learner_rows: int, seq_len: int, micro_batches: int = 1,
               sample_rows: int, cache_len: int,
               optim: Optional[config_lib.OptimSection] = None,
-              rules: Optional[sharding.Rules] = None) -> Plan:
+              rules: Optional[parallel.Rules] = None) -> Plan:
   """Per-device memory of a run.
 
   Args:
@@ -113,7 +114,7 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
     sample_rows: rows sampled at once (B*G, all devices together).
     cache_len: KV-cache slots per sampled row.
     optim: optimizer section (default: the config's defaults).
-    rules: logical axis rules (default `sharding.DEFAULT_RULES`).
+    rules: logical axis rules (default `parallel.DEFAULT_RULES`).
 
   Returns:
     A `Plan`.
@@ -129,25 +130,25 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
   if learner_rows % micro_batches:
     raise ValueError(f"micro_batches ({micro_batches}) must divide learner_rows ({learner_rows})")
   mesh_shape = tuple(int(s) for s in mesh_shape)
-  sharding.resolve_mesh_shape(mesh_shape, int(np.prod(mesh_shape)))  # validates
-  mesh = jax.sharding.AbstractMesh(mesh_shape, sharding.MESH_AXES)
-  sm = sharding.shard_model(model_config, mesh, rules)
+  parallel.resolve_mesh_shape(mesh_shape, int(np.prod(mesh_shape)))  # validates
+  mesh = jax.sharding.AbstractMesh(mesh_shape, parallel.MESH_AXES)
+  sm = placement.shard_model(model_config, mesh, rules)
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
   params = _tree_bytes(abstract, sm.param_shardings)
   num_params = transformer.param_count(abstract)
   # The learner accumulates gradients over micro-batches: accumulator plus one micro-batch.
   grads = params * (2 if micro_batches > 1 else 1)
   tx = learner.make_optimizer(optim or config_lib.OptimSection())
-  abstract_opt, opt_shardings = sharding.optimizer_state_shardings(tx, sm)
+  abstract_opt, opt_shardings = placement.optimizer_state_shardings(tx, sm)
   opt_state = _tree_bytes(abstract_opt, opt_shardings)
 
   c = model_config
-  cache_sh = sharding.kv_cache_shardings(c, mesh, sample_rows, cache_len, rules)
+  cache_sh = placement.kv_cache_shardings(c, mesh, sample_rows, cache_len, rules)
   cache_abs = jax.eval_shape(lambda: transformer.init_cache(c, sample_rows, cache_len))
   kv_cache = _tree_bytes(cache_abs, cache_sh)
 
   rows = learner_rows // micro_batches
-  row_spec = sharding.batch_sharding(mesh, (rows, seq_len), rules).spec[0]
+  row_spec = parallel.batch_sharding(mesh, (rows, seq_len), rules).spec[0]
   row_axes = (row_spec,) if isinstance(row_spec, str) else tuple(row_spec or ())
   row_ways = int(np.prod([mesh.shape[a] for a in row_axes]))
   n = rows // row_ways
@@ -206,7 +207,7 @@ def main(argv):
   num_devices = _NUM_DEVICES.value or int(abs(np.prod(sizes)))
   if -1 in sizes and not _NUM_DEVICES.value:
     raise app.UsageError("--mesh has a -1: give --num_devices")
-  shape = sharding.resolve_mesh_shape(sizes, num_devices)
+  shape = parallel.resolve_mesh_shape(sizes, num_devices)
   model_config = transformer.get_model_config(_MODEL.value)
   plan = make_plan(model_config, shape, learner_rows=_LEARNER_ROWS.value, seq_len=_SEQ_LEN.value,
                    micro_batches=_MICRO.value, sample_rows=_SAMPLE_ROWS.value,

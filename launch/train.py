@@ -19,7 +19,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from agentic_grpo import sharding
+from agentic_grpo import parallel
 from agentic_grpo import train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -60,7 +60,7 @@ def main(argv):
   if logging.get_verbosity() < 1:
     logging.get_absl_handler().addFilter(_DropCheckpointInfo())
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
-  sharding.initialize_distributed()
+  parallel.initialize_distributed()
   workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
       flags.FLAGS["config"]))
   print(f"workdir: {os.path.abspath(workdir)}", flush=True)

@@ -10,7 +10,8 @@ import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
-from agentic_grpo import sharding
+from agentic_grpo import parallel
+from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 from launch import plan
 
@@ -31,16 +32,16 @@ def _bytes_on_device(tree, shardings, device) -> int:
 class PlanTest(absltest.TestCase):
 
   def test_matches_arrays_placed_on_a_real_mesh(self):
-    mesh = sharding.make_mesh((2, 2, 2))
+    mesh = parallel.make_mesh((2, 2, 2))
     p = plan.make_plan(_TINY, (2, 2, 2), learner_rows=8, seq_len=16, sample_rows=8,
                        cache_len=32)
-    sm = sharding.shard_model(_TINY, mesh)
+    sm = placement.shard_model(_TINY, mesh)
     dev = mesh.devices.flat[0]
     self.assertEqual(p.params, _bytes_on_device(sm.abstract_params, sm.param_shardings, dev))
     tx = learner.make_optimizer(config_lib.OptimSection())
-    abstract_opt, opt_sh = sharding.optimizer_state_shardings(tx, sm)
+    abstract_opt, opt_sh = placement.optimizer_state_shardings(tx, sm)
     self.assertEqual(p.opt_state, _bytes_on_device(abstract_opt, opt_sh, dev))
-    cache_sh = sharding.kv_cache_shardings(_TINY, mesh, 8, 32)
+    cache_sh = placement.kv_cache_shardings(_TINY, mesh, 8, 32)
     cache = jax.eval_shape(lambda: transformer.init_cache(_TINY, 8, 32))
     self.assertEqual(p.kv_cache, _bytes_on_device(cache, cache_sh, dev))
     self.assertEqual(p.rows_per_device, 2)

@@ -17,7 +17,8 @@ import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
-from agentic_grpo import sharding
+from agentic_grpo import parallel
+from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 
@@ -120,22 +121,22 @@ class ShardedTrainingTest(parameterized.TestCase):
   @parameterized.named_parameters(*MESHES)
   def test_update_step_and_greedy_sampling_equal_one_device(self, shape):
     graphdef, params, ref_params, want_params, want_metrics, want_sample = _reference()
-    mesh = sharding.make_mesh(shape)
-    sm = sharding.shard_model(_CONFIG, mesh)
+    mesh = parallel.make_mesh(shape)
+    sm = placement.shard_model(_CONFIG, mesh)
     cfg = _cfg()
     tx = learner.make_optimizer(cfg.optim)
 
-    sm2, shardings = sharding.learner_shardings(_CONFIG, mesh, tx)
+    sm2, shardings = learner.learner_shardings(_CONFIG, mesh, tx)
     self.assertEqual(sm2.param_shardings, sm.param_shardings)
     self.assertEqual(shardings.ref_params, sm.param_shardings)
     self.assertIsNone(shardings.batch)  # the batch brings its own (shape-aware) sharding
     # Hashable by value (the learner caches its steps on the shardings).
-    self.assertEqual(hash(shardings), hash(sharding.learner_shardings(_CONFIG, mesh, tx)[1]))
+    self.assertEqual(hash(shardings), hash(learner.learner_shardings(_CONFIG, mesh, tx)[1]))
     state = jax.device_put(learner.init_state(params, tx, 0), shardings.state)
     step = learner.make_update_step(graphdef, cfg, tx, shardings=shardings)
-    ref = sharding.device_put_params(ref_params, sm)
-    batch = sharding.put_batch(learner.to_device_batch(_batch()), mesh)
-    self.assertEqual(batch["tokens"].sharding.spec, sharding.batch_sharding(mesh, (N, T)).spec)
+    ref = placement.device_put_params(ref_params, sm)
+    batch = parallel.put_batch(learner.to_device_batch(_batch()), mesh)
+    self.assertEqual(batch["tokens"].sharding.spec, parallel.batch_sharding(mesh, (N, T)).spec)
     for i in range(3):  # the third step only checks that nothing recompiles
       state, metrics = step(state, batch, ref)
       if i < 2:
@@ -163,7 +164,7 @@ class ShardedTrainingTest(parameterized.TestCase):
     self.assertEqual(moments, 2)
 
     prompts, lengths = _prompts()
-    out = sampler.sample(graphdef, sharding.device_put_params(params, sm), prompts, lengths,
+    out = sampler.sample(graphdef, placement.device_put_params(params, sm), prompts, lengths,
                          jax.random.key(5), max_new_tokens=_NEW, greedy=True)
     np.testing.assert_array_equal(np.asarray(out.tokens), want_sample.tokens)
     np.testing.assert_array_equal(np.asarray(out.lengths), want_sample.lengths)

@@ -16,10 +16,10 @@ import numpy as np
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
-from agentic_grpo import sharding
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.models import placement
 from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
@@ -149,7 +149,7 @@ class TrainTest(parameterized.TestCase):
   def test_sample_fn_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 1.0})
     comp = train.build(cfg, pool=self.pool)
-    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
+    params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     prompts = np.tile(np.arange(1, 9, dtype=np.int32), (4, 1))
     lengths = np.full((4,), 8, np.int32)
     greedy = train.make_sample_fn(comp, 0)(params, prompts, lengths, 1, True)[0]
@@ -222,7 +222,7 @@ class TrainTest(parameterized.TestCase):
       self.assertEqual(train.run(cfg, parts, pool=self.pool, stop_after=stop)["step"], stop)
     self.assertEqual(train.run(cfg, parts, pool=self.pool)["step"], 5)
     comp = train.build(cfg, pool=self.pool)
-    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
+    params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0),
                 "ref": params}
     want, got = [checkpointing.Checkpointer(os.path.join(d, "checkpoints")).restore(
@@ -233,7 +233,7 @@ class TrainTest(parameterized.TestCase):
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)
     opt = learner.make_optimizer(cfg.optim)
-    params = sharding.init_params(comp.sharded_model, comp.model_config, 0)
+    params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, opt, 0)}
     ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     return ck.restore(None, abstract)

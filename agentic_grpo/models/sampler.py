@@ -22,14 +22,14 @@ default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
 program; `temperature`, the `top_p` value, the RNG and the stop ids are traced.
 
 Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
-`sharding.sampler_shardings`) the sampler is jitted with explicit
+`sampler_shardings`) the sampler is jitted with explicit
 `in_shardings`/`out_shardings`: parameters as the learner holds them, prompt
 rows and every `[N, ...]` output split over the mesh's batch axes, and the KV
 cache (created inside the program) constrained to its own sharding (rows
 over the batch axes, key/value heads over `tensor` where they divide). In a
 multi-process run each process passes its own rows; the program runs on the
 global batch of every process's rows and returns global arrays (take this
-process's rows back with `sharding.local_rows`).
+process's rows back with `parallel.local_rows`).
 """
 
 import dataclasses
@@ -41,7 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo import parallel
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 
 FINISH_STOP = 0
@@ -68,7 +70,7 @@ class SampleOutput(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Shardings:
-  """Where the sampler's arrays live on a mesh (see `sharding.sampler_shardings`).
+  """Where the sampler's arrays live on a mesh (see `sampler_shardings`).
 
   Compared and hashed by identity: build it once per mesh (the jitted
   programs are cached on it).
@@ -86,6 +88,33 @@ class Shardings:
   rows: Callable[[int], jax.sharding.Sharding]
   cache: Callable[[int, int], transformer.KVCache]
   put_rows: Callable[[Any], Any]
+
+
+def sampler_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.Mesh,
+                      rules: Optional[parallel.Rules] = None) -> Shardings:
+  """The sampler's shardings on `mesh` (`sample(..., shardings=)`).
+
+  Parameters as the learner holds them (`placement.shard_model`); prompt rows and outputs
+  split by the `batch` rule as far as the global row count allows (`parallel.batch_sharding`);
+  the KV cache by `placement.kv_cache_shardings` (rows over the batch axes, key/value heads
+  over `tensor` where they divide, slots and head width whole); host rows placed with
+  `parallel.shard_batch` (process-local rows in a multi-process run). Cached: the same
+  arguments give the same object, so the sampler's compiled programs are reused.
+
+  Raises:
+    ValueError: `model_config` is not a `ModelConfig`, or bad `rules`.
+  """
+  return _sampler_shardings(model_config, mesh, parallel.canonical_rules(rules))
+
+
+@functools.lru_cache(maxsize=8)
+def _sampler_shardings(model_config, mesh, rules) -> Shardings:
+  sm = placement.shard_model(model_config, mesh, rules)
+  rows = functools.lru_cache(maxsize=None)(lambda n: parallel.batch_sharding(mesh, (n,), rules))
+  cache = functools.lru_cache(maxsize=None)(
+      lambda n, slots: placement.kv_cache_shardings(model_config, mesh, n, slots, rules))
+  return Shardings(params=sm.param_shardings, rows=rows, cache=cache,
+                   put_rows=lambda tree: parallel.shard_batch(tree, mesh, rules))
 
 
 @jax.jit

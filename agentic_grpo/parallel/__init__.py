@@ -1,0 +1,40 @@
+"""Device parallelism without model code: meshes, logical axis rules, batches, processes.
+
+* `mesh`: the `(data, fsdp, tensor)` mesh, logical axis rules and the shardings
+  they give an array or a pytree.
+* `batch`: placing batches of rows on the mesh (`put_batch`, `shard_batch`) and
+  reading a process's rows back (`local_rows`).
+* `collectives`: the multi-process runtime (`initialize_distributed`) and host
+  collectives (`host_allgather`, `allgather_json`, `fetch`).
+
+Model placement (parameters, optimizer state, KV cache) is `models/placement.py`.
+"""
+
+from agentic_grpo.parallel.batch import batch_devices
+from agentic_grpo.parallel.batch import batch_sharding
+from agentic_grpo.parallel.batch import local_rows
+from agentic_grpo.parallel.batch import put_batch
+from agentic_grpo.parallel.batch import row_sharding
+from agentic_grpo.parallel.batch import shard_batch
+from agentic_grpo.parallel.collectives import allgather_json
+from agentic_grpo.parallel.collectives import ENV_COORDINATOR
+from agentic_grpo.parallel.collectives import ENV_DISTRIBUTED
+from agentic_grpo.parallel.collectives import ENV_NUM_PROCESSES
+from agentic_grpo.parallel.collectives import ENV_PROCESS_ID
+from agentic_grpo.parallel.collectives import fetch
+from agentic_grpo.parallel.collectives import host_allgather
+from agentic_grpo.parallel.collectives import initialize_distributed
+from agentic_grpo.parallel.collectives import is_primary
+from agentic_grpo.parallel.collectives import process_slice
+from agentic_grpo.parallel.mesh import BATCH_AXES
+from agentic_grpo.parallel.mesh import canonical_rules
+from agentic_grpo.parallel.mesh import DEFAULT_RULES
+from agentic_grpo.parallel.mesh import logical_mesh_axes
+from agentic_grpo.parallel.mesh import logical_to_spec
+from agentic_grpo.parallel.mesh import make_mesh
+from agentic_grpo.parallel.mesh import MESH_AXES
+from agentic_grpo.parallel.mesh import MeshLike
+from agentic_grpo.parallel.mesh import resolve_mesh_shape
+from agentic_grpo.parallel.mesh import Rules
+from agentic_grpo.parallel.mesh import rules_from_config
+from agentic_grpo.parallel.mesh import tree_shardings
