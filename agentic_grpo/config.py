@@ -391,17 +391,31 @@ class MeshSection:
   `logical_axis_rules` overrides `parallel.DEFAULT_RULES`: pairs `(logical_axis, mesh_axes)`
   with `mesh_axes` a comma-separated list of mesh axes (`"data,fsdp"`), or `""` for replicated;
   empty means the defaults.
+
+  `collective_timeout_s` (seconds; multi-process runs only) bounds how long a process waits for
+  its peers: a host collective that has not completed after it, or that fails, ends the
+  process with a message naming the peers that did not reach it and exit status
+  `parallel.EXIT_PEER_FAILURE` (restart to resume from the last checkpoint); it is also JAX's
+  heartbeat and shutdown timeout (a process that stops sending heartbeats is declared dead and
+  the others abort). It must exceed the longest legitimate gap between two processes reaching
+  the same collective (compilation, a slow sandbox batch, evaluation). 0 turns the watch off
+  (JAX's defaults: 100 s heartbeat, 300 s shutdown); otherwise at least 10 s, so that a few
+  missed heartbeats are not taken for a dead process.
   """
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
   logical_axis_rules: tuple[tuple[str, str], ...] = ()
+  collective_timeout_s: float = 600.0
 
   def validate(self, path: str) -> None:
     sizes = (self.data, self.fsdp, self.tensor)
     for name, v in zip(("data", "fsdp", "tensor"), sizes):
       _check(v == -1 or v >= 1, f"{path}.{name}", "must be >= 1 or -1", v)
     _check(sizes.count(-1) <= 1, path, "may have at most one axis of size -1", sizes)
+    _check(self.collective_timeout_s == 0 or self.collective_timeout_s >= 10,
+           f"{path}.collective_timeout_s", "must be 0 (off) or >= 10 seconds",
+           self.collective_timeout_s)
     for i, rule in enumerate(self.logical_axis_rules):
       _check(len(rule) == 2, f"{path}.logical_axis_rules[{i}]",
              "must be a (logical_axis, mesh_axes) pair", rule)

@@ -19,6 +19,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from agentic_grpo import config as config_lib
 from agentic_grpo import parallel
 from agentic_grpo import train
 
@@ -60,7 +61,9 @@ def main(argv):
   if logging.get_verbosity() < 1:
     logging.get_absl_handler().addFilter(_DropCheckpointInfo())
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
-  parallel.initialize_distributed()
+  # Validating the config first also reports a bad one before any process waits for another.
+  timeout_s = config_lib.from_config_dict(_CONFIG.value).mesh.collective_timeout_s
+  parallel.initialize_distributed(collective_timeout_s=timeout_s)
   workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
       flags.FLAGS["config"]))
   print(f"workdir: {os.path.abspath(workdir)}", flush=True)

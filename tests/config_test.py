@@ -69,6 +69,8 @@ class ConfigTest(parameterized.TestCase):
       ("max_skipped_guard", {"rl": {"max_skipped_updates": 5},
                              "optim": {"max_consecutive_nonfinite": 4}},
        r"config\.rl\.max_skipped_updates must be <= optim\.max_consecutive_nonfinite"),
+      ("collective_timeout", {"mesh": {"collective_timeout_s": 5}},
+       r"config\.mesh\.collective_timeout_s must be 0 \(off\) or >= 10 seconds, got 5"),
   )
   def test_errors_name_the_field(self, data, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

@@ -4,8 +4,9 @@
   they give an array or a pytree.
 * `batch`: placing batches of rows on the mesh (`put_batch`, `shard_batch`) and
   reading a process's rows back (`local_rows`).
-* `collectives`: the multi-process runtime (`initialize_distributed`) and host
-  collectives (`host_allgather`, `allgather_json`, `fetch`).
+* `collectives`: the multi-process runtime (`initialize_distributed`), host
+  collectives (`host_allgather`, `allgather_json`, `fetch`) and the peer-failure
+  timeout around them (`peer_watchdog`).
 
 Model placement (parameters, optimizer state, KV cache) is `models/placement.py`.
 """
@@ -21,10 +22,12 @@ from agentic_grpo.parallel.collectives import ENV_COORDINATOR
 from agentic_grpo.parallel.collectives import ENV_DISTRIBUTED
 from agentic_grpo.parallel.collectives import ENV_NUM_PROCESSES
 from agentic_grpo.parallel.collectives import ENV_PROCESS_ID
+from agentic_grpo.parallel.collectives import EXIT_PEER_FAILURE
 from agentic_grpo.parallel.collectives import fetch
 from agentic_grpo.parallel.collectives import host_allgather
 from agentic_grpo.parallel.collectives import initialize_distributed
 from agentic_grpo.parallel.collectives import is_primary
+from agentic_grpo.parallel.collectives import peer_watchdog
 from agentic_grpo.parallel.collectives import process_slice
 from agentic_grpo.parallel.mesh import BATCH_AXES
 from agentic_grpo.parallel.mesh import canonical_rules

@@ -8,14 +8,47 @@ collectives here (`host_allgather`, `allgather_json`), which every process
 must call at the same point of the program. `fetch` copies global arrays to
 the host on every process; `is_primary` names the process that writes.
 With one process every function here is local, with no device work.
+
+Peer failures. A process that dies or stops (a hang, a stopped VM) would leave
+the others waiting in their next collective. With a collective timeout
+(`initialize_distributed(collective_timeout_s=)`, from `config.mesh`):
+
+* every host collective here, and every wait here on a program that spans
+  processes (`fetch`, and `batch.local_rows` / `batch.shard_batch`), runs
+  under `peer_watchdog`: when it has not returned after the timeout, or when
+  it raises (a dead peer's connection resets), the process logs which peers
+  have not reached that collective (each process records in the coordination
+  service how many host collectives it has entered) and ends at once with status
+  `EXIT_PEER_FAILURE` (`os._exit`: neither Python's nor JAX's exit handlers
+  run, so the exit cannot wait for the failed peer). Checkpoints are written
+  synchronously between collectives, so the last finished one restores.
+* JAX's own heartbeat and shutdown timeouts (`jax.distributed.initialize`'s
+  `heartbeat_timeout_seconds` / `shutdown_timeout_seconds`) are set to the
+  same value: the coordination service declares a process that stopped
+  sending heartbeats dead and aborts the others, even where they are not in
+  a collective (e.g. in host code), and a process exiting on an error waits
+  that long at most for the others at its shutdown barrier.
+
+Limitations: device programs that span processes (the learner step, the
+sampler) are not watched themselves, only the reads of their results that go
+through this package and the host collectives around them; a timeout shorter
+than the slowest legitimate gap between two processes reaching the same
+collective (compilation, a long sandbox batch, evaluation) ends a healthy run.
 """
 
+import contextlib
+import inspect
 import json
 import os
-from typing import Any, Optional, Union
+import sys
+import threading
+from typing import Any, Iterator, Optional, Union
 
 from absl import logging
 import jax
+# The coordination service client (live processes, key-value store) has no public accessor;
+# it is used only to say which peer failed, and its absence only shortens the message.
+from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 import numpy as np
 
@@ -25,6 +58,22 @@ ENV_DISTRIBUTED = "AGENTIC_GRPO_DISTRIBUTED"
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
+
+# Exit status of a process ended by `peer_watchdog` (sysexits' EX_TEMPFAIL: a restart resumes
+# from the last checkpoint).
+EXIT_PEER_FAILURE = 75
+# Coordination-service keys holding how many host collectives each process has entered.
+_PROGRESS_KEY = "agentic_grpo/collectives_entered/"
+_DIAGNOSE_S = 10.0  # at most this long asking the coordination service who failed
+
+
+class _Watch:
+  """The collective timeout (seconds; 0: off) and this process's count of host collectives."""
+  timeout_s: float = 0.0
+  entered: int = 0
+
+
+_WATCH = _Watch()
 
 
 def _env_flag(name: str) -> Optional[bool]:
@@ -55,6 +104,7 @@ def initialize_distributed(
     num_processes: Optional[int] = None,
     process_id: Optional[int] = None,
     timeout_s: int = 300,
+    collective_timeout_s: Optional[float] = None,
 ) -> bool:
   """Starts JAX's multi-controller runtime when asked; call before any JAX use.
 
@@ -72,14 +122,22 @@ def initialize_distributed(
     num_processes: total processes.
     process_id: this process, in `[0, num_processes)`.
     timeout_s: seconds to wait for every process to connect.
+    collective_timeout_s: when set and positive, the peer-failure timeout (see
+      the module docstring): host collectives are watched (`peer_watchdog`),
+      and JAX's heartbeat and shutdown timeouts take this value (where the
+      installed `jax.distributed.initialize` has those options). None or 0:
+      unwatched, JAX's defaults.
 
   Returns:
     True when the runtime is (now) initialised, False for a single-process run.
 
   Raises:
-    ValueError: unknown `enabled`, malformed environment values, or a
-      `process_id` outside `[0, num_processes)`.
+    ValueError: unknown `enabled`, malformed environment values, a
+      `process_id` outside `[0, num_processes)`, or a negative
+      `collective_timeout_s`.
   """
+  if collective_timeout_s is not None and not collective_timeout_s >= 0:
+    raise ValueError(f"collective_timeout_s must be >= 0 or None, got {collective_timeout_s!r}")
   if isinstance(enabled, str):
     if enabled not in ("auto", "on", "off"):
       raise ValueError(f"enabled must be 'auto', 'on', 'off' or a bool, got {enabled!r}")
@@ -92,6 +150,7 @@ def initialize_distributed(
       enabled = bool(os.environ.get(ENV_COORDINATOR))
   if not enabled:
     return False
+  _WATCH.timeout_s = float(collective_timeout_s or 0)
   if jax.distributed.is_initialized():
     return True
   coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
@@ -103,12 +162,106 @@ def initialize_distributed(
     raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
   logging.info("jax.distributed.initialize(coordinator_address=%s, num_processes=%s, "
                "process_id=%s)", coordinator_address, num_processes, process_id)
+  options = {}
+  if collective_timeout_s:
+    accepted = inspect.signature(jax.distributed.initialize).parameters
+    wanted = {"heartbeat_timeout_seconds": int(np.ceil(collective_timeout_s)),
+              "shutdown_timeout_seconds": int(np.ceil(collective_timeout_s))}
+    options = {k: v for k, v in wanted.items() if k in accepted}
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id,
-                             initialization_timeout=int(timeout_s))
-  logging.info("process %d of %d, %d local / %d global devices", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+                             initialization_timeout=int(timeout_s), **options)
+  logging.info("process %d of %d, %d local / %d global devices; collective timeout %s",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count(), f"{_WATCH.timeout_s:g} s" if _WATCH.timeout_s else "off")
   return True
+
+
+def _coordination_client():
+  state = getattr(jax_distributed, "global_state", None)
+  return getattr(state, "client", None)
+
+
+@contextlib.contextmanager
+def peer_watchdog(what: str) -> Iterator[None]:
+  """Ends this process, with a message naming the failed peers, when the block inside does not
+  return within the collective timeout or raises.
+
+  For blocks that every process enters at the same point of the program (host collectives, a
+  wait on a program that spans processes). A no-op with one process or without a timeout
+  (`initialize_distributed(collective_timeout_s=)`). On failure the process logs (and prints
+  to stderr) which peers have not reached this collective (stuck or dead), then calls
+  `os._exit(EXIT_PEER_FAILURE)` (see the module docstring for why).
+
+  Args:
+    what: a short name of the collective for the message.
+  """
+  timeout = _WATCH.timeout_s
+  if timeout <= 0 or jax.process_count() == 1:
+    yield
+    return
+  _WATCH.entered += 1
+  number = _WATCH.entered
+  done = threading.Event()
+
+  def watch():
+    if not done.wait(timeout):
+      _end_for_peer_failure(f"host collective #{number} ({what}) did not complete within "
+                            f"{timeout:g} s", number)
+
+  threading.Thread(target=watch, name="peer-watchdog", daemon=True).start()
+  try:
+    client = _coordination_client()
+    if client is not None:
+      client.key_value_set(f"{_PROGRESS_KEY}{jax.process_index()}", str(number),
+                           allow_overwrite=True)
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    done.set()
+    _end_for_peer_failure(f"host collective #{number} ({what}) failed: "
+                          f"{type(e).__name__}: {e}", number)
+  finally:
+    done.set()
+
+
+def _peer_report(number: int) -> str:
+  """Which peers have not entered host collective `number` (stuck or dead), from the
+  coordination service's key-value store; bounded by `_DIAGNOSE_S` (the service may have died
+  with process 0). Its list of live processes is not asked: that call waits for every live
+  process, a stuck one included."""
+  client = _coordination_client()
+  if client is None:
+    return "No coordination service to ask which peer failed."
+  me, count = jax.process_index(), jax.process_count()
+  answer = {}
+
+  def ask():
+    answer["entered"] = {int(k.rsplit("/", 1)[-1]): int(v)
+                         for k, v in client.key_value_dir_get(_PROGRESS_KEY)}
+
+  asker = threading.Thread(target=ask, name="peer-report", daemon=True)
+  asker.start()
+  asker.join(_DIAGNOSE_S)
+  if "entered" not in answer:
+    return ("The coordination service (process 0) does not answer: process 0 is likely dead "
+            "or stuck.")
+  behind = {q: answer["entered"].get(q, 0) for q in range(count)
+            if q != me and answer["entered"].get(q, 0) < number}
+  if not behind:
+    return "Every peer has entered this collective; see their logs for the failure."
+  return "Not at this collective (stuck or dead): " + ", ".join(
+      f"process {q} (entered {n} host collectives)" for q, n in sorted(behind.items())) + "."
+
+
+def _end_for_peer_failure(reason: str, number: int) -> None:
+  """Logs why and who failed, then ends this process at once (`os._exit`)."""
+  message = (f"process {jax.process_index()} of {jax.process_count()}: {reason}. "
+             f"{_peer_report(number)} Ending this process with status {EXIT_PEER_FAILURE}; "
+             f"restart the run to resume from its last checkpoint.")
+  logging.error("%s", message)
+  print(message, file=sys.stderr, flush=True)
+  logging.flush()
+  os._exit(EXIT_PEER_FAILURE)  # pylint: disable=protected-access
 
 
 def process_slice(n: int, process_index: Optional[int] = None,
@@ -139,7 +292,8 @@ def fetch(tree: Any) -> Any:
   """
   def get(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+      with peer_watchdog("fetch"):
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
   return jax.tree.map(get, tree)
 
@@ -160,8 +314,9 @@ def host_allgather(x: Any) -> np.ndarray:
   x = np.asarray(x)
   if jax.process_count() == 1:
     return x[None]
-  return np.asarray(multihost_utils.process_allgather(x, tiled=False)).reshape(
-      (jax.process_count(),) + x.shape)
+  with peer_watchdog("host_allgather"):
+    gathered = np.asarray(multihost_utils.process_allgather(x, tiled=False))
+  return gathered.reshape((jax.process_count(),) + x.shape)
 
 
 def _json_scalar(x):
