@@ -150,6 +150,13 @@ class Checkpointer:
                                              enable_async_checkpointing=False, create=True))
     self._problems: dict[int, list[integrity.Problem]] = {}  # verified steps (process 0)
 
+  @staticmethod
+  def exists(directory: str) -> bool:
+    """Whether `directory` holds a checkpoint step directory (cheap: one listing; Orbax's
+    temporary directories of unfinished saves do not count)."""
+    path = epath.Path(directory)
+    return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
+
   def latest_step(self) -> Optional[int]:
     """Step of the newest complete checkpoint, or None."""
     return self._manager.latest_step()

@@ -53,6 +53,7 @@ import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import replay as replay_lib
 from agentic_grpo import sharding
@@ -490,13 +491,18 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
 
   Raises:
     ValueError: an invalid config (naming the field).
+    config_drift.ConfigDriftError: a resume whose config changes fields that the saved state
+      depends on (`config_drift.FIXED`); the workdir's `config.json` is left as it was.
   """
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:
-    (epath.Path(workdir) / "config.json").write_text(
-        json.dumps(config_lib.to_dict(cfg), indent=1))
+  saved = epath.Path(workdir) / "config.json"
+  if saved.exists() and checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
+    for change in config_drift.check(json.loads(saved.read_text()), cfg, where=workdir):
+      logging.info("resuming with config.%s", change)
+  if jax.process_index() == 0:  # written only once the config is accepted
+    saved.write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
   own_pool = pool is None
   comp = build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:

@@ -15,6 +15,7 @@ import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import sharding
 from agentic_grpo import train
@@ -229,6 +230,25 @@ class TrainTest(parameterized.TestCase):
         None, abstract)[0] for d in (full, parts)]
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  def test_resume_refuses_config_drift_and_keeps_config_json(self):
+    cfg = _micro(tiny_codegen)
+    workdir = self.create_tempdir().full_path
+    self.assertEqual(train.run(cfg, workdir, pool=self.pool, stop_after=1)["step"], 1)
+    saved = os.path.join(workdir, "config.json")
+    with open(saved) as f:
+      before = f.read()
+    with self.assertRaisesRegex(config_drift.ConfigDriftError,
+                                r"config\.rl\.group_size: 2 -> 4"):
+      train.run(_micro(tiny_codegen, **{"rl.group_size": 4, "eval.every": 1}), workdir,
+                pool=self.pool)
+    with open(saved) as f:
+      self.assertEqual(f.read(), before)
+    # A changed evaluation cadence resumes (and is the config saved from then on).
+    result = train.run(_micro(tiny_codegen, **{"eval.every": 1}), workdir, pool=self.pool)
+    self.assertEqual(result["step"], 2)
+    with open(saved) as f:
+      self.assertEqual(json.load(f)["eval"]["every"], 1)
 
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)
