@@ -33,7 +33,7 @@ FIXED = frozenset({
     "rl.tasks_per_batch", "rl.group_size", "rl.batches_in_flight", "rl.rows_per_update",
     "rl.temperature", "rl.top_k", "rl.top_p", "rl.buckets",
     "loss.eps_low", "loss.eps_high", "loss.ratio_level", "loss.aggregation", "loss.max_tokens",
-    "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef",
+    "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef", "loss.dual_clip",
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",
     "correction.scale", "correction.baseline", "correction.max_staleness",
     "correction.staleness_mode",
@@ -51,9 +51,10 @@ FIXED = frozenset({
 MAY_CHANGE = frozenset({
     "task.eval_size",  # a changed held-out set only loses the paired gain (with a warning)
     "sandbox.workers", "sandbox.timeout_s", "sandbox.cpu_s", "sandbox.memory_mb",
+    "sandbox.min_isolation",
     "rl.num_steps",  # the run's length (and the cosine schedule's)
     "rl.micro_batches",  # the same update, accumulated in other slices
-    "rl.max_idle_batches",
+    "rl.max_idle_batches", "rl.max_skipped_updates",
     "optim.max_consecutive_nonfinite",
     "eval.every", "eval.num_samples", "eval.k", "eval.temperature",
     "checkpoint.every", "checkpoint.max_to_keep",
