@@ -167,12 +167,12 @@ def main(argv):
   logging.info("config:\n%s", _CONFIG.value)
   result = _train(cfg, workdir)
   line = (f"done: global step {result['step']} in {result['seconds']:.0f} s; "
-          f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass@1'])}, "
-          f"final {_fmt(result['final_pass@1'])}")
+          f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass_at_1'])}, "
+          f"final {_fmt(result['final_pass_at_1'])}")
   last = result["last_eval"] or {}
-  if "eval/pass@1_gain" in last:
-    line += (f" (paired gain {last['eval/pass@1_gain']:+.3f} ± "
-             f"{last['eval/pass@1_gain_stderr']:.3f} s.e.)")
+  if "eval/pass_at_1_gain" in last:
+    line += (f" (paired gain {last['eval/pass_at_1_gain']:+.3f} ± "
+             f"{last['eval/pass_at_1_gain_stderr']:.3f} s.e.)")
   print(line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
   total = cfg.warmstart.steps + cfg.rl.num_steps
