@@ -21,17 +21,33 @@ same number of processes.
 Saves are atomic: Orbax writes into a temporary directory and renames it only when every item is
 written, so a process killed during a save (even with SIGKILL) leaves the previous checkpoint as
 the latest restorable one; the half-written directory is ignored and cleaned up.
+
+Integrity: once a save is committed (every process's files), process 0 writes a manifest of
+every file's SHA-256 and size into the step directory (`checkpoint_integrity`). A restore of the
+latest checkpoint verifies the newest checkpoints until one is intact, logs every damaged one by
+step and file, and moves the damaged ones newer than the restored step aside (to
+`<directory>-damaged/<step>`, where they can be inspected and do not block later saves of the
+same step numbers); when checkpoints exist but none is intact it raises
+`CheckpointIntegrityError` naming each one. A checkpoint without a manifest (a save that died
+between Orbax's commit and the manifest, or one written before manifests existed) is not intact;
+`Checkpointer.adopt(step)` writes the manifest of a checkpoint known to be good. In a
+multi-process run process 0 verifies and every process restores the step it chose.
 """
 
+import datetime
 import io
 import json
 import os
 from typing import Any, Optional
 
+from absl import logging
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from agentic_grpo import checkpoint_integrity as integrity
 
 # Orbax refuses zero-size arrays; host arrays are stored with one leading pad element.
 _PAD = 1
@@ -41,6 +57,24 @@ _FORMAT_VERSION = 1
 # Meta keys the checkpointer writes itself.
 _RESERVED_META = ("host_shapes", "process_count", "host_blob_width")
 _META_ENTRY = "_meta"  # the per-process meta inside a process's host row
+
+
+class CheckpointIntegrityError(RuntimeError):
+  """Checkpoints exist but none that was asked for is intact (the message names each damaged
+  step and file)."""
+
+
+def _sync(name: str) -> None:
+  """A barrier across processes (nothing in a one-process run)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _from_process_0(value: int) -> int:
+  """Process 0's `value` in every process."""
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
 
 
 def _process_row_sharding() -> jax.sharding.NamedSharding:
@@ -114,6 +148,14 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                              enable_async_checkpointing=False, create=True))
+    self._problems: dict[int, list[integrity.Problem]] = {}  # verified steps (process 0)
+
+  @staticmethod
+  def exists(directory: str) -> bool:
+    """Whether `directory` holds a checkpoint step directory (cheap: one listing; Orbax's
+    temporary directories of unfinished saves do not count)."""
+    path = epath.Path(directory)
+    return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
 
   def latest_step(self) -> Optional[int]:
     """Step of the newest complete checkpoint, or None."""
@@ -157,7 +199,7 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         host=ocp.args.StandardSave(flat),
         meta=ocp.args.JsonSave(meta)), force=True)
-    self._manager.wait_until_finished()
+    self._finish_save(step)
 
   def _save_per_process(self, step, state, host, meta) -> None:
     for group, arrays in host.items():
@@ -179,24 +221,127 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         host_rows=ocp.args.StandardSave({"rows": rows}),
         meta=ocp.args.JsonSave(shared)), force=True)
+    self._finish_save(step)
+
+  def _step_dir(self, step: int) -> epath.Path:
+    return epath.Path(self.directory) / str(int(step))
+
+  def _finish_save(self, step: int) -> None:
+    """Waits for the commit of every process's files, then process 0 writes the manifest."""
     self._manager.wait_until_finished()
+    _sync(f"checkpoint_committed_{step}")
+    if jax.process_index() == 0:
+      integrity.write_manifest(self._step_dir(step))
+    self._problems.pop(int(step), None)
+    _sync(f"checkpoint_manifest_{step}")
+
+  def adopt(self, step: int) -> None:
+    """Writes the integrity manifest of checkpoint `step` as it is now.
+
+    For a checkpoint known to be good that has no manifest (written before manifests
+    existed): afterwards it restores like any other. Every process must call it.
+    """
+    if int(step) not in self.all_steps():
+      raise FileNotFoundError(f"no checkpoint {step} in {self.directory}")
+    if jax.process_index() == 0:
+      integrity.write_manifest(self._step_dir(step))
+    self._problems.pop(int(step), None)
+    _sync(f"checkpoint_adopt_{step}")
+
+  def problems(self, step: int) -> list[integrity.Problem]:
+    """What is wrong with checkpoint `step` (empty when intact); hashes every file once."""
+    step = int(step)
+    if step not in self._problems:
+      self._problems[step] = integrity.verify(self._step_dir(step))
+    return self._problems[step]
+
+  def intact_step(self) -> Optional[int]:
+    """The newest intact checkpoint's step, the same in every process (process 0 verifies).
+
+    Every damaged checkpoint newer than it is logged as a warning naming its step and files.
+
+    Returns:
+      The step, or None when there is no checkpoint at all.
+
+    Raises:
+      CheckpointIntegrityError: checkpoints exist but none is intact.
+    """
+    steps = self.all_steps()
+    if not steps:
+      return None
+    choice, damaged = -1, []
+    if jax.process_index() == 0:
+      for step in reversed(steps):
+        found = self.problems(step)
+        if not found:
+          choice = step
+          break
+        damaged.append(integrity.describe(step, found))
+        logging.warning("damaged %s in %s", damaged[-1], self.directory)
+    choice = _from_process_0(choice)
+    if choice < 0:
+      detail = ("\n  ".join(damaged) if damaged else "see process 0's log")
+      raise CheckpointIntegrityError(
+          f"no intact checkpoint in {self.directory} (steps {steps}):\n  {detail}\nMove the "
+          f"workdir aside to start afresh, or, for a checkpoint known to be good that predates "
+          f"integrity manifests, call Checkpointer(...).adopt(step).")
+    if choice != steps[-1] and jax.process_index() == 0:
+      logging.warning("restoring checkpoint %d of %s, the newest intact one", choice,
+                      self.directory)
+    return choice
+
+  def _resolve(self, step: Optional[int]) -> int:
+    """`step` checked for integrity, or the newest intact step when None."""
+    if step is None:
+      step = self.intact_step()
+      if step is None:
+        raise FileNotFoundError(f"no checkpoint in {self.directory}")
+      return step
+    ok = _from_process_0(int(not self.problems(step)) if jax.process_index() == 0 else 0)
+    if not ok:
+      detail = (integrity.describe(step, self.problems(step), None)
+                if jax.process_index() == 0 else "see process 0's log")
+      raise CheckpointIntegrityError(f"damaged checkpoint in {self.directory}: {detail}")
+    return int(step)
+
+  def _set_aside_newer(self, step: int) -> None:
+    """Moves the (damaged) checkpoints newer than `step` to `<directory>-damaged/`."""
+    newer = [s for s in self.all_steps() if s > step]
+    if not newer:
+      return
+    if jax.process_index() == 0:
+      stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+      aside = epath.Path(str(self.directory).rstrip("/") + "-damaged")
+      aside.mkdir(parents=True, exist_ok=True)
+      for s in newer:
+        target = aside / str(s)
+        if target.exists():
+          target = aside / f"{s}-{stamp}"
+        self._step_dir(s).rename(target)
+        logging.warning("moved damaged checkpoint %d to %s", s, target)
+    _sync(f"checkpoint_set_aside_{step}")
+    for s in newer:
+      self._problems.pop(s, None)
+    self._manager.reload()
 
   def read_meta(self, step: Optional[int] = None) -> dict[str, Any]:
-    """The shared `meta` of checkpoint `step` (the latest when None), without the state.
+    """The shared `meta` of checkpoint `step` (the newest intact one when None), without the
+    state. Verified like `restore`.
 
     Raises:
       FileNotFoundError: when there is no checkpoint.
+      CheckpointIntegrityError: as `restore`.
     """
-    if step is None:
-      step = self.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    step = self._resolve(step)
     return dict(self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore())).meta)
 
   def restore(self, step: Optional[int], abstract_state: Any
               ) -> tuple[Any, dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-    """Restores checkpoint `step` (the latest when None).
+    """Restores checkpoint `step` (the newest intact one when None), verified first.
+
+    With `step=None`, damaged checkpoints newer than the restored one are logged and moved to
+    `<directory>-damaged/` (see the module docstring). Every process must call it.
 
     Args:
       step: which checkpoint, or None for the latest.
@@ -209,12 +354,14 @@ class Checkpointer:
 
     Raises:
       FileNotFoundError: when there is no checkpoint.
+      CheckpointIntegrityError: checkpoint `step` is damaged, or (`step=None`) checkpoints exist
+        but none is intact; the message names each damaged step and file.
       ValueError: the checkpoint was written by a different number of processes.
     """
-    if step is None:
-      step = self.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    latest = step is None
+    step = self._resolve(step)
+    if latest:
+      self._set_aside_newer(step)
     meta = self.read_meta(step)
     written_by = int(meta.get("process_count", 1))
     if written_by != jax.process_count():

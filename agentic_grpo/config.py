@@ -10,6 +10,7 @@ The library below this module only sees these dataclasses.
 """
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import Any, Mapping, Union
@@ -35,7 +36,19 @@ def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  """Policy model: a `models.transformer` preset, with optional shape overrides (0 = preset)."""
+  """Policy model: a `models.transformer` preset, with optional shape overrides (0 = preset).
+
+  Attributes:
+    preset: `models.transformer` preset name (`tiny`, ...).
+    d_model: residual width (0 = preset).
+    n_layers: transformer blocks (0 = preset).
+    n_heads: query heads (0 = preset).
+    n_kv_heads: key/value heads, grouped-query attention (0 = preset).
+    head_dim: width of one attention head (0 = preset).
+    mlp_dim: hidden width of the MLP (0 = preset).
+    max_seq_len: longest sequence in tokens (0 = preset, at least the largest rl bucket plus
+      workflow.max_new_tokens).
+  """
   preset: str = "tiny"
   d_model: int = 0
   n_layers: int = 0
@@ -67,6 +80,18 @@ class TaskSection:
   source's split rule: `program` keeps whole programs out of training (with `depths=(1,)` that
   leaves primitives the model never saw), `task` keeps the exact tasks (program and examples)
   out.
+
+  Attributes:
+    source: task source; only `synthetic`.
+    seed: seed of the synthetic task generator.
+    depths: program composition depths drawn from.
+    string_prob: probability of a string-typed task, in [0, 1].
+    ambiguity_target: share of tasks whose visible examples admit other programs, in [0, 1].
+    num_hidden: hidden tests per task (>= 8).
+    split_by: split rule: `program` or `task`.
+    train_size: finite training pool size (0 = an endless stream).
+    eval_split: held-out split: `validation` or `test`.
+    eval_size: held-out tasks evaluated.
   """
   source: str = "synthetic"
   seed: int = 0
@@ -105,6 +130,18 @@ class WorkflowSection:
   pass@1 counts) for the final reward and the code and debug stage rewards.
   `reference_fix_fraction` is the share of reference episodes that show a failing first attempt
   (a near miss of the reference), its observation in the first debug stage, and the fix.
+
+  Attributes:
+    stages: stage names, in order (`hypothesis`, `code`, `tests`, `debug`).
+    max_debug_rounds: debug rounds after the first debug stage.
+    reference_debug: what reference episodes write in debug stages: `keep` or `restate`.
+    reward_mode: `fraction` of tests passed or `all_pass`.
+    reference_fix_fraction: share of reference episodes showing a failed first attempt and its
+      fix.
+    num_agent_tests: tests the agent writes in a `tests` stage.
+    stage_rewards: reward (and update on) each stage as it completes; False = outcome-only
+      GRPO.
+    max_new_tokens: generation budget of every stage, in tokens.
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
@@ -138,6 +175,13 @@ class SandboxSection:
   `min_isolation`: the weakest sandbox isolation level the run accepts, one of
   `agent.sandbox.ISOLATION_LEVELS` ("hook" < "landlock" < "namespaces"); the pool raises
   RuntimeError at start-up on a machine that cannot provide it.
+
+  Attributes:
+    workers: sandbox worker processes.
+    timeout_s: wall-clock limit per program, seconds.
+    cpu_s: CPU-time limit per program, seconds.
+    memory_mb: memory limit per program, MiB (>= 64).
+    min_isolation: weakest isolation accepted: `hook`, `landlock` or `namespaces`.
   """
   workers: int = 2
   timeout_s: float = 2.0
@@ -165,6 +209,23 @@ class RLSection:
   rewards equal) end the phase early (0 = never). `max_skipped_updates` consecutive updates
   skipped by the non-finite guard (warm-start or RL) stop the run with an error (0 = never); it
   must not exceed `optim.max_consecutive_nonfinite`, past which the guard applies the update.
+
+  rewards equal) end the phase early (0 = never).
+
+  Attributes:
+    num_steps: learner updates of the RL phase.
+    tasks_per_batch: tasks per episode batch (B).
+    group_size: attempts per task (G), the GRPO group.
+    batches_in_flight: episode batches sampled, scored and learned from concurrently.
+    rows_per_update: replay rows per learner update (N).
+    micro_batches: gradient-accumulation slices of an update (divides rows_per_update).
+    temperature: sampling temperature of the behaviour policy (> 0).
+    top_k: top-k sampling (0 = off).
+    top_p: nucleus sampling mass, in (0, 1].
+    buckets: padded sequence lengths, strictly increasing (each compiles once).
+    max_idle_batches: end the RL phase after this many batches without learning signal (0 =
+      never).
+    max_skipped_updates: stop the run after this many non-finite updates in a row (0 = never).
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -214,6 +275,17 @@ class LossSection:
 
   `dual_clip` > 1 bounds the loss of negative-advantage tokens at `dual_clip · |A|` (dual-clip
   PPO, Ye et al., 2020); 0 disables it.
+
+  Attributes:
+    eps_low: lower PPO clip range, in [0, 1).
+    eps_high: upper PPO clip range (DAPO's clip-higher).
+    ratio_level: importance ratio per `token` or per `sequence`.
+    aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
+    max_tokens: the constant normaliser of `seq_mean_token_sum_norm` (> 0 with it).
+    kl_beta: weight of the KL penalty to the warm-start policy (0 = off).
+    kl_estimator: KL estimator: `k1`, `k2` or `k3`.
+    entropy_coef: entropy bonus weight.
+    dual_clip: dual-clip bound on negative-advantage token losses (0 = off, else > 1).
   """
   eps_low: float = 0.2
   eps_high: float = 0.28
@@ -250,6 +322,16 @@ class CorrectionSection:
   normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).
   With `workflow.stage_rewards=False` no stage is scored, the baseline is 0, and the run stays
   outcome-only GRPO.
+
+  Attributes:
+    enabled: apply retroactive corrections once final rewards arrive.
+    target: target advantage: `outcome`, `return` or `mixed`.
+    gamma: discount over stages of `return` targets, in [0, 1].
+    beta: weight of the provisional (stage) advantage kept in `mixed` targets.
+    scale: group normalisation: `std` or `none`.
+    baseline: `none` or `previous_stage`.
+    max_staleness: policy versions a correction may lag its provisional update.
+    staleness_mode: beyond max_staleness: `drop` or `linear` down-weighting.
   """
   enabled: bool = True
   target: str = "outcome"
@@ -272,7 +354,14 @@ class CorrectionSection:
 
 @dataclasses.dataclass(frozen=True)
 class ReplaySection:
-  """`replay.StagedReplay` storage options."""
+  """`replay.StagedReplay` storage options.
+
+  Attributes:
+    capacity: segments the replay holds.
+    when_full: `evict_oldest` or `error`.
+    skip_zero_advantage: drop rows whose advantage is 0 (no gradient).
+    pack_corrections: pack an episode's correction segments into one row when they chain.
+  """
   capacity: int = 8192
   when_full: str = "evict_oldest"
   skip_zero_advantage: bool = True
@@ -290,6 +379,19 @@ class OptimSection:
   `schedule="constant"` keeps `learning_rate` after the warm-up; `"cosine"` decays it to
   `final_lr_fraction` of its peak at the last RL update (`rl.num_steps`; Loshchilov & Hutter,
   2017).
+
+  Attributes:
+    learning_rate: peak learning rate of the RL phase.
+    warmup_steps: linear warm-up updates.
+    schedule: after the warm-up: `constant` or `cosine`.
+    final_lr_fraction: cosine: final learning rate as a fraction of the peak, in [0, 1].
+    weight_decay: AdamW weight decay.
+    b1: Adam first-moment decay, in [0, 1).
+    b2: Adam second-moment decay, in [0, 1).
+    eps: Adam epsilon (> 0).
+    grad_clip: global gradient-norm clip (0 = off).
+    max_consecutive_nonfinite: non-finite updates skipped in a row before one is applied
+      (`optax.apply_if_finite`).
   """
   learning_rate: float = 3e-4
   warmup_steps: int = 0
@@ -325,6 +427,14 @@ class WarmstartSection:
 
   The learning rate warms up linearly over `warmup_steps`, then follows a cosine decay to
   `final_lr_fraction` of its peak at `steps`.
+
+  Attributes:
+    steps: supervised warm-start steps (0 = skip).
+    batch_size: reference episodes per step.
+    learning_rate: peak learning rate.
+    warmup_steps: linear warm-up steps.
+    final_lr_fraction: final learning rate as a fraction of the peak, in [0, 1].
+    seq_len: tokens per reference episode (longer ones are cut; <= the largest rl bucket).
   """
   steps: int = 200
   batch_size: int = 32
@@ -346,7 +456,14 @@ class WarmstartSection:
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
   """Held-out evaluation: greedy pass@1 and sampled pass@k (Chen et al., 2021), the samples
-  drawn at `temperature` (with `rl.top_k` / `rl.top_p`)."""
+  drawn at `temperature` (with `rl.top_k` / `rl.top_p`).
+
+  Attributes:
+    every: evaluate every this many RL steps (0 = only at the phase ends).
+    num_samples: samples per task for pass@k (0 = greedy only).
+    k: the k of pass@k, each in [1, num_samples].
+    temperature: sampling temperature of pass@k samples (> 0).
+  """
   every: int = 20
   num_samples: int = 4
   k: tuple[int, ...] = (1, 4)
@@ -363,7 +480,12 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
-  """Orbax checkpoints: every `every` learner steps (0 = only at the end)."""
+  """Orbax checkpoints: every `every` learner steps (0 = only at the end).
+
+  Attributes:
+    every: checkpoint every this many steps (0 = only at the end).
+    max_to_keep: newest checkpoints kept.
+  """
   every: int = 20
   max_to_keep: int = 2
 
@@ -374,7 +496,14 @@ class CheckpointSection:
 
 @dataclasses.dataclass(frozen=True)
 class LogSection:
-  """Metrics outputs."""
+  """Metrics outputs.
+
+  Attributes:
+    every: log a metrics row every this many steps.
+    tensorboard: write TensorBoard events to workdir/tb.
+    progress_bar: show a console progress bar.
+    plot: write learning_curve.png at the end.
+  """
   every: int = 1
   tensorboard: bool = True
   progress_bar: bool = True
@@ -392,15 +521,19 @@ class MeshSection:
   with `mesh_axes` a comma-separated list of mesh axes (`"data,fsdp"`), or `""` for replicated;
   empty means the defaults.
 
-  `collective_timeout_s` (seconds; multi-process runs only) bounds how long a process waits for
-  its peers: a host collective that has not completed after it, or that fails, ends the
-  process with a message naming the peers that did not reach it and exit status
-  `parallel.EXIT_PEER_FAILURE` (restart to resume from the last checkpoint); it is also JAX's
-  heartbeat and shutdown timeout (a process that stops sending heartbeats is declared dead and
-  the others abort). It must exceed the longest legitimate gap between two processes reaching
-  the same collective (compilation, a slow sandbox batch, evaluation). 0 turns the watch off
-  (JAX's defaults: 100 s heartbeat, 300 s shutdown); otherwise at least 10 s, so that a few
-  missed heartbeats are not taken for a dead process.
+  Attributes:
+    data: data-parallel axis size (-1 = the remaining devices).
+    fsdp: fully-sharded axis size (-1 = the remaining devices).
+    tensor: tensor-parallel axis size (-1 = the remaining devices).
+    logical_axis_rules: `(logical_axis, "mesh,axes")` overrides of parallel.DEFAULT_RULES.
+    collective_timeout_s: seconds (multi-process runs only) a process waits for its peers: a
+      host collective that has not completed after it, or that fails, ends the process with a
+      message naming the peers that did not reach it and exit status
+      `parallel.EXIT_PEER_FAILURE` (restart to resume from the last checkpoint); it is also
+      JAX's heartbeat and shutdown timeout. It must exceed the longest legitimate gap between
+      two processes reaching the same collective (compilation, a slow sandbox batch,
+      evaluation). 0 turns the watch off (JAX's defaults: 100 s heartbeat, 300 s shutdown);
+      otherwise at least 10 s.
   """
   data: int = -1
   fsdp: int = 1
@@ -436,7 +569,25 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """Everything `train.run` needs."""
+  """Everything `train.run` needs.
+
+  Attributes:
+    seed: seed of parameters, sampling and the data order.
+    model: the policy model.
+    task: the task source.
+    workflow: the agent workflow.
+    sandbox: the code sandbox.
+    rl: the Agentic GRPO phase.
+    loss: the policy loss.
+    correction: retroactive corrections and advantages.
+    replay: the staged replay.
+    optim: the RL optimizer.
+    warmstart: the supervised warm-start.
+    eval: held-out evaluation.
+    checkpoint: checkpoints.
+    log: metric outputs.
+    mesh: the device mesh.
+  """
   seed: int = 0
   model: ModelSection = ModelSection()
   task: TaskSection = TaskSection()
@@ -507,7 +658,10 @@ def _build(cls, data: Mapping[str, Any], path: str):
   unknown = sorted(set(data) - set(fields))
   if unknown:
     prefix = f"config.{path}." if path else "config."
-    raise ValueError(f"unknown config field(s) {[prefix + u for u in unknown]}; known: "
+    hints = [f"{prefix}{u} -> {prefix}{m[0]}?" for u in unknown
+             if (m := difflib.get_close_matches(u, list(fields), n=1, cutoff=0.6))]
+    raise ValueError(f"unknown config field(s) {[prefix + u for u in unknown]}"
+                     f"{' (did you mean ' + ', '.join(hints) + ')' if hints else ''}; known: "
                      f"{sorted(fields)}")
   hints = typing.get_type_hints(cls)
   kwargs = {}

@@ -42,6 +42,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -53,6 +54,7 @@ import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo import replay as replay_lib
@@ -65,6 +67,8 @@ from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
 from agentic_grpo.tasks import synthetic
 
+# Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
+_TAG = re.compile(r"[-\w./]+")
 # Unlimited training streams: warm-start tasks start at this index, RL tasks at 0.
 _WARMSTART_OFFSET = 1 << 24
 
@@ -262,6 +266,10 @@ class MetricsWriter:
   In a multi-process run only process 0 writes; the others keep the history in memory. A remote
   workdir (`gs://...`) gets the whole file rewritten at each write (objects cannot be appended
   to) and no TensorBoard events.
+
+  Metric names use only the characters TensorBoard keeps in a tag (`[A-Za-z0-9_.-/]`:
+  `eval/pass_at_1`, not `eval/pass@1`, which tensorboardX would rename), so that every
+  TensorBoard tag equals its `metrics.jsonl` key; `write` refuses any other name.
   """
 
   def __init__(self, workdir: str, cfg: config_lib.TrainConfig, total_steps: int,
@@ -289,18 +297,27 @@ class MetricsWriter:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
                             dynamic_ncols=True, desc="train")
-    self.pass1 = next((r["eval/pass@1"] for r in reversed(self.history)
-                       if "eval/pass@1" in r), None)
+    self.pass1 = next((r["eval/pass_at_1"] for r in reversed(self.history)
+                       if "eval/pass_at_1" in r), None)
 
   def write(self, row: dict[str, Any]) -> None:
+    """Appends one metrics row (`step` required) to every output.
+
+    Raises:
+      ValueError: a key with a character TensorBoard would replace in a tag.
+    """
+    illegal = [k for k in row if not _TAG.fullmatch(k)]
+    if illegal:
+      raise ValueError(f"metric names must match {_TAG.pattern} (TensorBoard tags), got "
+                       f"{illegal}")
     row = {k: (float(v) if isinstance(v, (np.ndarray, np.generic, jax.Array)) else v)
            for k, v in row.items()}
     self.history.append(row)
     # Every process, primary or not, can show its rows (`--verbosity=1`): multi-host runs
     # compare them.
     logging.vlog(1, "metrics %s", json.dumps(row))
-    if "eval/pass@1" in row:
-      self.pass1 = row["eval/pass@1"]
+    if "eval/pass_at_1" in row:
+      self.pass1 = row["eval/pass_at_1"]
     if not self.primary:
       return
     if self._file is None:
@@ -340,10 +357,10 @@ def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-  ev = [r for r in history if "eval/pass@1" in r]
+  ev = [r for r in history if "eval/pass_at_1" in r]
   if ev:
-    ax1.errorbar([r["step"] for r in ev], [r["eval/pass@1"] for r in ev],
-                 yerr=[r.get("eval/pass@1_stderr", 0.0) for r in ev], fmt="o-", capsize=3,
+    ax1.errorbar([r["step"] for r in ev], [r["eval/pass_at_1"] for r in ev],
+                 yerr=[r.get("eval/pass_at_1_stderr", 0.0) for r in ev], fmt="o-", capsize=3,
                  label="greedy pass@1 (held-out, ±1 s.e.)")
     ax1.plot([r["step"] for r in ev], [r["eval/hidden_frac"] for r in ev], "s--",
              label="hidden tests passed (fraction)")
@@ -382,9 +399,9 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k.
 
   Returns `(metrics, passed)`: `passed` is `[task.eval_size]` bool, greedy pass per held-out
-  task (in task order). `metrics` holds `eval/pass@1` with its binomial standard error
-  `eval/pass@1_stderr`, and, given `baseline` (an earlier `passed`, e.g. the warm-start's),
-  the paired gain over it `eval/pass@1_gain` with `eval/pass@1_gain_stderr` (`paired_gain`).
+  task (in task order). `metrics` holds `eval/pass_at_1` with its binomial standard error
+  `eval/pass_at_1_stderr`, and, given `baseline` (an earlier `passed`, e.g. the warm-start's),
+  the paired gain over it `eval/pass_at_1_gain` with `eval/pass_at_1_gain_stderr` (`paired_gain`).
 
   Evaluation episodes score every stage (also for outcome-only runs) and count their sandbox
   verdicts apart from training's (`eval/timeouts`). In a multi-process run each process runs
@@ -409,14 +426,14 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   stages = {name: gather(r) for name, r in stages.items()}
   passed = final[:, 0] >= 1.0
   p1 = float(np.mean(passed))
-  out = {"eval/pass@1": p1,
-         "eval/pass@1_stderr": math.sqrt(p1 * (1.0 - p1) / max(len(passed), 1)),
+  out = {"eval/pass_at_1": p1,
+         "eval/pass_at_1_stderr": math.sqrt(p1 * (1.0 - p1) / max(len(passed), 1)),
          "eval/hidden_frac": float(np.mean(final[:, 0]))}
   if baseline is not None and len(baseline) != len(passed):
     logging.warning("no paired gain: the warm-start was evaluated on %d held-out tasks, this "
                     "evaluation on %d (task.eval_size changed?)", len(baseline), len(passed))
   elif baseline is not None and len(passed) > 1:
-    out["eval/pass@1_gain"], out["eval/pass@1_gain_stderr"] = paired_gain(baseline, passed)
+    out["eval/pass_at_1_gain"], out["eval/pass_at_1_gain_stderr"] = paired_gain(baseline, passed)
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
   n = cfg.eval.num_samples
@@ -427,7 +444,7 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
     final_s = gather(final_s)
     correct = (final_s >= 1.0).sum(axis=1)
     for k in cfg.eval.k:
-      out[f"eval/pass@{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
+      out[f"eval/pass_at_{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
   timeouts = np.int64(counting.pop_counts().get("timeout", 0))
   out["eval/timeouts"] = float(parallel.host_allgather(timeouts).sum())
   out["eval/seconds"] = time.time() - t0
@@ -491,13 +508,18 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
 
   Raises:
     ValueError: an invalid config (naming the field).
+    config_drift.ConfigDriftError: a resume whose config changes fields that the saved state
+      depends on (`config_drift.FIXED`); the workdir's `config.json` is left as it was.
   """
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:
-    (epath.Path(workdir) / "config.json").write_text(
-        json.dumps(config_lib.to_dict(cfg), indent=1))
+  saved = epath.Path(workdir) / "config.json"
+  if saved.exists() and checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
+    for change in config_drift.check(json.loads(saved.read_text()), cfg, where=workdir):
+      logging.info("resuming with config.%s", change)
+  if jax.process_index() == 0:  # written only once the config is accepted
+    saved.write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
   own_pool = pool is None
   comp = build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
@@ -785,7 +807,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
   if cfg.log.plot and not stopping() and metrics.primary:
     plot_learning_curve(metrics.history, os.path.join(workdir, "learning_curve.png"))
   warm = next((r for r in metrics.history if r.get("phase") == "warmstart"
-               and "eval/pass@1" in r), {})
+               and "eval/pass_at_1" in r), {})
   return {"step": step, "phase": phase, "seconds": time.time() - t_start,
-          "warmstart_pass@1": warm.get("eval/pass@1"),
-          "final_pass@1": metrics.pass1, "last_eval": last_eval, "state": state}
+          "warmstart_pass_at_1": warm.get("eval/pass_at_1"),
+          "final_pass_at_1": metrics.pass1, "last_eval": last_eval, "state": state}

@@ -7,33 +7,97 @@ under `workdirs/` and prints where:
   python -m launch.train --config=experiments/outcome_grpo.py --workdir=/tmp/baseline
   python -m launch.train --config.rl.group_size=4 --config.rl.num_steps=20
 
-Restarting with the same `--workdir` resumes from its latest checkpoint.
+Restarting with the same `--workdir` resumes from its latest intact checkpoint, unless the
+config changes a field the saved state depends on (`agentic_grpo/config_drift.py`). One run at a
+time holds a workdir (`agentic_grpo/run_lock.py`).
+
+`--show_config` prints every config field with its value, default and doc, then exits.
+
+Exit codes (`agentic_grpo/exit_codes.py`): 0 done, 65 resume refused for config drift, 73
+workdir held by another run, 74 no intact checkpoint, 75 preempted, 78 config or flag error
+(one line on stderr naming the field, value and allowed range, or the nearest valid name),
+79 the run ended without doing its job, 1 a crash.
 """
 
 import datetime
 import logging as std_logging
 import os
+import re
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
+import numpy as np
 
+from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
+from agentic_grpo import config_help
+from agentic_grpo import exit_codes
 from agentic_grpo import parallel
+from agentic_grpo import run_lock
 from agentic_grpo import train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "experiments", "tiny_codegen.py")
 
+_OVERRIDE = re.compile(r"^--(?:no)?config\.([\w.]+)")
+
+
+def _fail(code: int, message: str):
+  """Exits with `code` after one line on stderr."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def _check_overrides(argv: list[str]) -> None:
+  """Exits with one line naming the nearest valid field for a misspelt `--config.<path>`.
+
+  ml_collections parses the overrides when the config flag is defined and turns an unknown
+  path into three chained tracebacks; this runs before that.
+  """
+  known = {f.path for f in config_help.fields()}
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    m = _OVERRIDE.match(arg)
+    if m and m.group(1) not in known:
+      near = config_help.nearest(m.group(1))
+      _fail(exit_codes.CONFIG_ERROR, f"unknown config field config.{m.group(1)}"
+            + (f"; did you mean config.{near}?" if near else "; see --show_config"))
+
+
+if __name__ == "__main__":
+  _check_overrides(sys.argv)
+
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Experiment config file (a `get_config()` module).",
+    "config", _DEFAULT_CONFIG, "Experiment config file (a `get_config()` module); override its "
+    "fields with --config.<section>.<field>=value (--show_config lists every field).",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Output directory; resumed if it holds a checkpoint. Default: a fresh "
     "directory workdirs/<config>-<time>.")
 _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
+_SHOW_CONFIG = flags.DEFINE_bool(
+    "show_config", False, "Print every config field (--config.<field>) with its value, "
+    "default and doc, then exit.")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag value as one line (exit code CONFIG_ERROR)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(exit_codes.CONFIG_ERROR, f"{e} (see --help, --show_config)")
+  except (KeyError, AttributeError) as e:  # a field that --config's file does not set
+    first = str(e.args[0] if e.args else e).splitlines()[0]
+    _fail(exit_codes.CONFIG_ERROR, f"cannot override config field {first}: the config file "
+          f"does not set it")
 
 
 class _DropCheckpointInfo(std_logging.Filter):
@@ -55,9 +119,44 @@ def _fmt(value) -> str:
   return "n/a" if value is None else f"{value:.3f}"
 
 
+def _flat(cfg: config_lib.TrainConfig) -> dict:
+  return {f.path: eval(f"cfg.{f.path}", {"cfg": cfg})  # pylint: disable=eval-used
+          for f in config_help.fields()}
+
+
+def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
+  """`train.run` under the workdir lock (held by process 0; every process learns if it is
+  taken), with the refusals as one-line errors and their exit codes."""
+  lock = run_lock.WorkdirLock(workdir, enabled=jax.process_index() == 0)
+  try:
+    lock.acquire()
+    taken = None
+  except run_lock.WorkdirLockedError as e:
+    taken = str(e)
+  if jax.process_count() > 1 and not parallel.host_allgather(np.int64(taken is None)).all():
+    taken = taken or f"workdir {workdir} is in use by another run (see process 0)"
+  if taken:
+    _fail(exit_codes.WORKDIR_LOCKED, taken)
+  try:
+    return train.run(cfg, workdir, stop_after=_STOP_AFTER.value)
+  except config_drift.ConfigDriftError as e:
+    _fail(exit_codes.CONFIG_DRIFT, str(e))
+  except checkpointing.CheckpointIntegrityError as e:
+    _fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
+  finally:
+    lock.release()
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:  # checked before anything is printed: an error is one line
+    cfg = config_lib.from_config_dict(_CONFIG.value)
+  except ValueError as e:
+    _fail(exit_codes.CONFIG_ERROR, str(e))
+  if _SHOW_CONFIG.value:
+    print(config_help.show(_flat(cfg)))
+    return
   if logging.get_verbosity() < 1:
     logging.get_absl_handler().addFilter(_DropCheckpointInfo())
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
@@ -68,17 +167,21 @@ def main(argv):
       flags.FLAGS["config"]))
   print(f"workdir: {os.path.abspath(workdir)}", flush=True)
   logging.info("config:\n%s", _CONFIG.value)
-  result = train.run(_CONFIG.value, workdir, stop_after=_STOP_AFTER.value)
+  result = _train(cfg, workdir)
   line = (f"done: global step {result['step']} in {result['seconds']:.0f} s; "
-          f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass@1'])}, "
-          f"final {_fmt(result['final_pass@1'])}")
+          f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass_at_1'])}, "
+          f"final {_fmt(result['final_pass_at_1'])}")
   last = result["last_eval"] or {}
-  if "eval/pass@1_gain" in last:
-    line += (f" (paired gain {last['eval/pass@1_gain']:+.3f} ± "
-             f"{last['eval/pass@1_gain_stderr']:.3f} s.e.)")
+  if "eval/pass_at_1_gain" in last:
+    line += (f" (paired gain {last['eval/pass_at_1_gain']:+.3f} ± "
+             f"{last['eval/pass_at_1_gain_stderr']:.3f} s.e.)")
   print(line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
+  total = cfg.warmstart.steps + cfg.rl.num_steps
+  if _STOP_AFTER.value is None and result["step"] < total:
+    _fail(exit_codes.NO_PROGRESS, f"the run ended at global step {result['step']} of {total} "
+          f"(no learning signal for rl.max_idle_batches={cfg.rl.max_idle_batches} batches)")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -1,5 +1,6 @@
 """Tests for agentic_grpo.checkpointing."""
 
+import json
 import os
 import pathlib
 import signal
@@ -7,12 +8,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo import checkpoint_integrity
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
@@ -112,6 +116,136 @@ class CheckpointingTest(absltest.TestCase):
     # The next save after a crash works and becomes the latest.
     ck.save(2, {"w": np.full((4,), 3.0, np.float32)}, {}, {"step": 2})
     self.assertEqual(ck.latest_step(), 2)
+
+
+
+def _data_file(step_dir: pathlib.Path) -> pathlib.Path:
+  """The largest array data file of the `state` item."""
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+def _flip(step_dir: pathlib.Path) -> str:
+  path = _data_file(step_dir)
+  data = bytearray(path.read_bytes())
+  for i in range(len(data) // 4, len(data)):
+    data[i] ^= 0xFF
+  path.write_bytes(bytes(data))
+  return str(path.relative_to(step_dir))
+
+
+def _truncate(path: pathlib.Path) -> None:
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+
+
+def _truncate_data(step_dir: pathlib.Path) -> str:
+  path = _data_file(step_dir)
+  _truncate(path)
+  return str(path.relative_to(step_dir))
+
+
+def _truncate_metadata(step_dir: pathlib.Path) -> str:
+  _truncate(step_dir / "state" / "_METADATA")
+  return "state/_METADATA"
+
+
+def _truncate_manifest(step_dir: pathlib.Path) -> str:
+  _truncate(step_dir / checkpoint_integrity.MANIFEST)
+  return checkpoint_integrity.MANIFEST
+
+
+def _delete_manifest(step_dir: pathlib.Path) -> str:
+  (step_dir / checkpoint_integrity.MANIFEST).unlink()
+  return checkpoint_integrity.MANIFEST
+
+
+_DAMAGE = (("flipped_data", _flip), ("truncated_data", _truncate_data),
+           ("truncated_metadata", _truncate_metadata),
+           ("truncated_manifest", _truncate_manifest), ("deleted_manifest", _delete_manifest))
+
+
+def _state(value: float) -> dict[str, np.ndarray]:
+  return {"w": np.full((4096,), value, np.float32)}
+
+
+class IntegrityTest(parameterized.TestCase):
+
+  def _save(self, directory, steps):
+    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    for step in steps:
+      ck.save(step, _state(step), {"replay": {"x": np.arange(step)}}, {"step": step})
+    ck.close()
+
+  def test_manifest_lists_every_file(self):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1])
+    step_dir = pathlib.Path(directory) / "1"
+    manifest = json.loads((step_dir / checkpoint_integrity.MANIFEST).read_text())
+    on_disk = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file()}
+    self.assertEqual(set(manifest["files"]) | {checkpoint_integrity.MANIFEST}, on_disk)
+    self.assertEqual(checkpoint_integrity.verify(step_dir), [])
+
+  @parameterized.named_parameters(*_DAMAGE)
+  def test_damaged_latest_falls_back_to_older(self, damage):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1, 2])
+    name = damage(pathlib.Path(directory) / "2")
+    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    with self.assertLogs(level="WARNING") as logs:
+      state, host, meta = ck.restore(None, _state(0.0))
+    self.assertTrue(any("checkpoint 2" in line and name in line for line in logs.output),
+                    logs.output)
+    np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
+    np.testing.assert_array_equal(host["replay"]["x"], np.arange(1))
+    self.assertEqual(meta["step"], 1)
+    # The damaged checkpoint was moved aside, so the resumed run can save step 2 again.
+    self.assertEqual(ck.all_steps(), [1])
+    self.assertTrue((pathlib.Path(directory + "-damaged") / "2").is_dir())
+    ck.save(2, _state(5.0), {}, {"step": 2})
+    self.assertEqual(checkpointing.Checkpointer(directory).intact_step(), 2)
+
+  @parameterized.named_parameters(*_DAMAGE)
+  def test_damaged_only_checkpoint_is_a_clear_error(self, damage):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1])
+    name = damage(pathlib.Path(directory) / "1")
+    ck = checkpointing.Checkpointer(directory)
+    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError,
+                                rf"no intact checkpoint(.|\n)*checkpoint 1: {name}"):
+      ck.restore(None, _state(0.0))
+    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, f"checkpoint 1: {name}"):
+      ck.read_meta(1)
+    self.assertEqual(ck.all_steps(), [1])  # nothing is moved when nothing is restored
+
+  def test_adopt_a_checkpoint_without_manifest(self):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1])
+    _delete_manifest(pathlib.Path(directory) / "1")
+    ck = checkpointing.Checkpointer(directory)
+    with self.assertRaises(checkpointing.CheckpointIntegrityError):
+      ck.intact_step()
+    ck.adopt(1)
+    state, _, _ = ck.restore(None, _state(0.0))
+    np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
+
+  def test_every_process_restores_process_0s_choice(self):
+    # Process 1 of 2: it does not verify and takes the step process 0 broadcast (1), even
+    # though its own newest checkpoint is 2.
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1, 2])
+    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    broadcast = mock.Mock(return_value=np.int64(1))
+    with mock.patch.object(jax, "process_count", return_value=2), \
+         mock.patch.object(jax, "process_index", return_value=1), \
+         mock.patch.object(checkpointing.multihost_utils, "broadcast_one_to_all", broadcast), \
+         mock.patch.object(checkpointing.integrity, "verify") as verify:
+      self.assertEqual(ck.intact_step(), 1)
+      broadcast.return_value = np.int64(-1)
+      with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, "process 0"):
+        ck.intact_step()
+    verify.assert_not_called()
+    self.assertEqual(broadcast.call_count, 2)
 
 
 if __name__ == "__main__":

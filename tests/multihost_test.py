@@ -136,7 +136,7 @@ class MultihostTest(absltest.TestCase):
     last = _metrics_rows(second[0])[-1]
     self.assertEqual(last["phase"], "rl")
     self.assertTrue(np.isfinite(last["loss/loss"]))
-    self.assertIn("eval/pass@1", last)  # the final evaluation, gathered from both processes
+    self.assertIn("eval/pass_at_1", last)  # the final evaluation, gathered from both processes
     self.assertIn("reward/hypothesis", _metrics_rows(first[0])[-1])  # gathered rewards
     # Metrics written once (process 0), not once per process, and kept over the restart.
     lines = (workdir / "metrics.jsonl").read_text().splitlines()

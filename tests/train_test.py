@@ -6,6 +6,7 @@ set of compilations.
 
 import json
 import os
+import struct
 from unittest import mock
 
 from absl.testing import absltest
@@ -15,6 +16,7 @@ import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
@@ -48,6 +50,24 @@ def _micro(module, **overrides):
     section, field = key.split(".")
     c[section][field] = value
   return config_lib.from_config_dict(c)
+
+
+def _tensorboard_tags(workdir):
+  """The scalar tags of the run's TensorBoard event files, read back (TFRecord framing: length,
+  its CRC, an `Event` proto, its CRC)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  tags = set()
+  tb = os.path.join(workdir, "tb")
+  for name in os.listdir(tb):
+    with open(os.path.join(tb, name), "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      tags.update(v.tag for v in event.summary.value)
+      pos += 16 + length
+  return tags
 
 
 class FaultyWorkflow(workflow_lib.Workflow):
@@ -124,15 +144,15 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual([r["phase"] for r in rows], ["warmstart", "rl"])
     self.assertEqual([r["step"] for r in rows], [1, 2])
     for r in rows:
-      for key in ("eval/pass@1", "eval/pass@1_sampled", "eval/pass@2_sampled", "seconds"):
+      for key in ("eval/pass_at_1", "eval/pass_at_1_sampled", "eval/pass_at_2_sampled", "seconds"):
         self.assertIn(key, r)
         self.assertBetween(r[key], 0.0, 1e9)
     ws, rl = rows
-    self.assertAlmostEqual(rl["eval/pass@1_gain"], rl["eval/pass@1"] - ws["eval/pass@1"])
-    self.assertNotIn("eval/pass@1_gain", ws)
+    self.assertAlmostEqual(rl["eval/pass_at_1_gain"], rl["eval/pass_at_1"] - ws["eval/pass_at_1"])
+    self.assertNotIn("eval/pass_at_1_gain", ws)
     for r in rows:
-      p = r["eval/pass@1"]
-      self.assertAlmostEqual(r["eval/pass@1_stderr"], np.sqrt(p * (1 - p) / 2))
+      p = r["eval/pass_at_1"]
+      self.assertAlmostEqual(r["eval/pass_at_1_stderr"], np.sqrt(p * (1 - p) / 2))
     first_stage = module.get_config().workflow.stages[0]
     for key in ("loss/loss", "loss/clip_fraction", "loss/kl", f"reward/{first_stage}",
                 "tokens_per_s", "replay/total_stale_dropped_segments",
@@ -142,9 +162,19 @@ class TrainTest(parameterized.TestCase):
       self.assertEqual(rl["replay/total_provisional_items"], 0.0)
     for name in ("learning_curve.png", "config.json"):
       self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
-    self.assertNotEmpty(os.listdir(os.path.join(workdir, "tb")))
+    self.assertEqual(_tensorboard_tags(workdir),
+                     {k for r in rows for k, v in r.items()
+                      if k != "step" and isinstance(v, (int, float)) and np.isfinite(v)})
     self.assertEqual(checkpointing.Checkpointer(os.path.join(workdir, "checkpoints")
                                                 ).latest_step(), 2)
+
+  def test_metric_names_must_be_tensorboard_tags(self):
+    writer = train.MetricsWriter(self.create_tempdir().full_path, _micro(tiny_codegen), 1, 0)
+    self.addCleanup(writer.close)
+    with self.assertRaisesRegex(ValueError, r"eval/pass@1"):
+      writer.write({"step": 1, "eval/pass@1": 0.5})
+    writer.write({"step": 1, "eval/pass_at_1": 0.5})
+    self.assertEqual(writer.pass1, 0.5)
 
   def test_sample_fn_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 1.0})
@@ -204,7 +234,7 @@ class TrainTest(parameterized.TestCase):
       got = self._final(parts, cfg)
       self._assert_same(want, got, stops)
       # The warm-start's per-task results survive the restart: the paired gain is reported.
-      self.assertEqual(_rows(parts)[-1]["eval/pass@1_gain"], _rows(full)[-1]["eval/pass@1_gain"])
+      self.assertEqual(_rows(parts)[-1]["eval/pass_at_1_gain"], _rows(full)[-1]["eval/pass_at_1_gain"])
     self.assertEqual(want[2]["step"], total)
     # Some RL stop fell right on an epoch boundary of the 2-task pool.
     self.assertTrue(any(p > 0 and p % 2 == 0 for p in positions), positions)
@@ -229,6 +259,25 @@ class TrainTest(parameterized.TestCase):
         None, abstract)[0] for d in (full, parts)]
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  def test_resume_refuses_config_drift_and_keeps_config_json(self):
+    cfg = _micro(tiny_codegen)
+    workdir = self.create_tempdir().full_path
+    self.assertEqual(train.run(cfg, workdir, pool=self.pool, stop_after=1)["step"], 1)
+    saved = os.path.join(workdir, "config.json")
+    with open(saved) as f:
+      before = f.read()
+    with self.assertRaisesRegex(config_drift.ConfigDriftError,
+                                r"config\.rl\.group_size: 2 -> 4"):
+      train.run(_micro(tiny_codegen, **{"rl.group_size": 4, "eval.every": 1}), workdir,
+                pool=self.pool)
+    with open(saved) as f:
+      self.assertEqual(f.read(), before)
+    # A changed evaluation cadence resumes (and is the config saved from then on).
+    result = train.run(_micro(tiny_codegen, **{"eval.every": 1}), workdir, pool=self.pool)
+    self.assertEqual(result["step"], 2)
+    with open(saved) as f:
+      self.assertEqual(json.load(f)["eval"]["every"], 1)
 
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)

@@ -61,7 +61,7 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 # Exit status of a process ended by `peer_watchdog` (sysexits' EX_TEMPFAIL: a restart resumes
 # from the last checkpoint).
-EXIT_PEER_FAILURE = 75
+EXIT_PEER_FAILURE = 76  # agentic_grpo.exit_codes.PEER_FAILURE
 # Coordination-service keys holding how many host collectives each process has entered.
 _PROGRESS_KEY = "agentic_grpo/collectives_entered/"
 _DIAGNOSE_S = 10.0  # at most this long asking the coordination service who failed

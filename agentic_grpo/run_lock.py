@@ -1,0 +1,132 @@
+"""A workdir lock: one live run per workdir.
+
+Two runs on one workdir (a job restarted while its old copy still runs, a typo in a launch
+script) would interleave checkpoints and metrics. `WorkdirLock` takes an exclusive
+`fcntl.flock` on `<workdir>/.run.lock` and writes its holder (host, pid, start time, command)
+into it; a second run stops at once with `WorkdirLockedError` naming that holder.
+
+Release: on `release()` / leaving the `with` block (also on an exception), and, because the
+kernel drops a process's `flock` locks when the process ends, on every other exit too: a signal
+(SIGTERM, SIGKILL), a crash, `os._exit`. A lock file left by a process that is gone is
+therefore never held, and the next run takes it over (logging the previous holder). The file is
+not deleted on release (deleting it would let a waiting run lock an unlinked file).
+
+Supported workdirs: local file systems and NFSv4 (Linux emulates `flock` with NFS byte-range
+locks; the server frees the lock of a client that died when its lease ends, about 90 s).
+Not supported: NFSv3 without a lock daemon (`flock` then fails with ENOLCK, and the run stops
+with a message) and object stores (`gs://...`), which have no locks: there the lock is skipped
+with a warning, and the job scheduler must ensure one run per workdir.
+
+In a multi-process run, process 0 alone holds the lock (the others share its workdir).
+"""
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from typing import Any, Optional
+
+from absl import logging
+
+LOCK_FILE = ".run.lock"
+
+
+class WorkdirLockedError(RuntimeError):
+  """The workdir is locked by another live run (the message names its host, pid and start)."""
+
+  def __init__(self, workdir: str, holder: dict[str, Any]):
+    self.workdir = workdir
+    self.holder = holder
+    super().__init__(f"workdir {workdir} is in use by another run: {describe(holder)}. Stop "
+                     f"that run or use another --workdir.")
+
+
+def describe(holder: dict[str, Any]) -> str:
+  """`host H, pid P, started T` from a lock file's contents (`unknown holder` if empty)."""
+  if not holder:
+    return "unknown holder (empty lock file)"
+  return (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
+          f"{holder.get('started', '?')}")
+
+
+def read_holder(path: str) -> dict[str, Any]:
+  """The holder recorded in lock file `path` ({} when empty, missing or unreadable)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+    return json.loads(text) if text.strip() else {}
+  except (OSError, ValueError):
+    return {}
+
+
+class WorkdirLock:
+  """An exclusive lock on a workdir, held from `acquire()` (or `with`) to `release()`.
+
+  Args:
+    workdir: the run's output directory (created if missing).
+    enabled: False makes the lock a no-op (processes other than 0 of a multi-process run).
+
+  Raises (from `acquire`):
+    WorkdirLockedError: another live process holds the lock.
+    OSError: the file system refuses locks (e.g. NFSv3 without a lock daemon: ENOLCK).
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.workdir = str(workdir)
+    self.enabled = enabled
+    self.path = os.path.join(self.workdir, LOCK_FILE)
+    self._fd: Optional[int] = None
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None
+
+  def acquire(self) -> "WorkdirLock":
+    if not self.enabled or self._fd is not None:
+      return self
+    if "://" in self.workdir:
+      logging.warning("workdir %s is on an object store, which has no locks: running without "
+                      "a workdir lock", self.workdir)
+      return self
+    os.makedirs(self.workdir, exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise WorkdirLockedError(self.workdir, read_holder(self.path)) from None
+      raise OSError(e.errno, f"cannot lock workdir {self.workdir} ({self.path}): {e.strerror}; "
+                    f"its file system does not support flock (see agentic_grpo/run_lock.py)"
+                    ) from e
+    previous = read_holder(self.path)
+    if previous:  # a holder that ended without releasing (killed): the kernel freed its lock
+      logging.warning("taking over the workdir lock of %s, which has ended", describe(previous))
+    holder = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "argv": sys.argv}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    """Empties the lock file and unlocks it (idempotent)."""
+    if self._fd is None:
+      return
+    fd, self._fd = self._fd, None
+    try:
+      os.ftruncate(fd, 0)
+      fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+      os.close(fd)
+
+  def __enter__(self) -> "WorkdirLock":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()

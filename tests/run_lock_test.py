@@ -1,0 +1,108 @@
+"""Tests for agentic_grpo.run_lock, with real second processes."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+from absl.testing import absltest
+
+from agentic_grpo import run_lock
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Takes the lock, says so, then waits (to be killed) or raises (argv[2] == "raise").
+_CHILD = textwrap.dedent("""
+    import sys, time
+    from agentic_grpo import run_lock
+    with run_lock.WorkdirLock(sys.argv[1]):
+      print("LOCKED", flush=True)
+      if sys.argv[2] == "raise":
+        raise RuntimeError("boom")
+      time.sleep(600)
+""")
+
+
+def _start(workdir: str, mode: str) -> subprocess.Popen:
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  child = subprocess.Popen([sys.executable, "-c", _CHILD, workdir, mode], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  return child
+
+
+class RunLockTest(absltest.TestCase):
+
+  def _locked_child(self, workdir):
+    child = _start(workdir, "wait")
+    self.addCleanup(lambda: (child.poll() is None and child.kill(), child.wait(),
+                             child.stdout.close()))
+    self.assertEqual(child.stdout.readline().strip(), "LOCKED")
+    return child
+
+  def test_second_process_is_refused_with_the_holder_named(self):
+    workdir = self.create_tempdir().full_path
+    child = self._locked_child(workdir)
+    with self.assertRaises(run_lock.WorkdirLockedError) as ctx:
+      run_lock.WorkdirLock(workdir).acquire()
+    message = str(ctx.exception)
+    self.assertIn(f"pid {child.pid}", message)
+    self.assertIn(f"host {socket.gethostname()}", message)
+    self.assertRegex(message, r"started \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+    self.assertEqual(ctx.exception.holder["pid"], child.pid)
+
+  def test_lock_of_a_killed_process_is_taken_over(self):
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+      workdir = self.create_tempdir().full_path
+      child = self._locked_child(workdir)
+      child.send_signal(sig)
+      child.wait(timeout=30)
+      # The dead holder is still written in the file, but holds no lock.
+      self.assertEqual(run_lock.read_holder(os.path.join(workdir, run_lock.LOCK_FILE))["pid"],
+                       child.pid)
+      with self.assertLogs(level="WARNING") as logs:
+        lock = run_lock.WorkdirLock(workdir).acquire()
+      self.assertTrue(any(f"pid {child.pid}" in line for line in logs.output), logs.output)
+      self.assertTrue(lock.held)
+      holder = run_lock.read_holder(lock.path)
+      self.assertEqual(holder["pid"], os.getpid())
+      lock.release()
+
+  def test_released_on_exception(self):
+    workdir = self.create_tempdir().full_path
+    child = _start(workdir, "raise")
+    out, _ = child.communicate(timeout=60)
+    self.assertEqual(out.strip(), "LOCKED")
+    self.assertEqual(child.returncode, 1)
+    self.assertEqual(run_lock.read_holder(os.path.join(workdir, run_lock.LOCK_FILE)), {})
+    with run_lock.WorkdirLock(workdir) as lock:
+      self.assertTrue(lock.held)
+
+  def test_in_process_context_manager(self):
+    workdir = self.create_tempdir().full_path
+    with self.assertRaisesRegex(ValueError, "inside"):
+      with run_lock.WorkdirLock(workdir) as lock:
+        holder = json.loads(pathlib.Path(lock.path).read_text())
+        self.assertEqual(holder["pid"], os.getpid())
+        # A second lock in the same process is refused too (flock is per open file).
+        with self.assertRaises(run_lock.WorkdirLockedError):
+          run_lock.WorkdirLock(workdir).acquire()
+        raise ValueError("inside")
+    self.assertFalse(lock.held)
+    self.assertEqual(pathlib.Path(lock.path).read_text(), "")
+    run_lock.WorkdirLock(workdir).acquire().release()
+
+  def test_disabled_and_remote_locks_do_nothing(self):
+    workdir = self.create_tempdir().full_path
+    with run_lock.WorkdirLock(workdir, enabled=False) as lock:
+      self.assertFalse(lock.held)
+    self.assertFalse(os.path.exists(os.path.join(workdir, run_lock.LOCK_FILE)))
+    with self.assertLogs(level="WARNING"):
+      self.assertFalse(run_lock.WorkdirLock("gs://bucket/run").acquire().held)
+
+
+if __name__ == "__main__":
+  absltest.main()
