@@ -6,7 +6,10 @@ checking every field's type and range. Errors are `ValueError`s that name the fi
 path, e.g. `config.rl.group_size must be >= 2, got 1`. Unknown fields are errors too (a typo must
 not silently fall back to a default).
 
-The library below this module only sees these dataclasses.
+The library below this module only sees these dataclasses. Option vocabularies are defined once,
+in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses.AGGREGATIONS`,
+...), and checked here against those tuples. The `workflow` section is the workflow's own config,
+`agent.workflow.WorkflowConfig`.
 """
 
 import dataclasses
@@ -16,6 +19,15 @@ import typing
 from typing import Any, Mapping, Union
 
 from absl import logging
+
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import sandbox as sandbox_lib
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.core import advantages as advantages_lib
+from agentic_grpo.core import correction as correction_lib
+from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import types as core_types
+from agentic_grpo.tasks import synthetic
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
                  "optim", "warmstart", "eval", "checkpoint", "log", "mesh")
@@ -31,7 +43,7 @@ def _check(cond: bool, path: str, msg: str, value: Any) -> None:
 
 
 def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
-  _check(value in allowed, path, f"must be one of {allowed}", value)
+  core_types.check_choice(f"config.{path}", value, allowed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,59 +125,11 @@ class TaskSection:
     _check(0.0 <= self.ambiguity_target <= 1.0, f"{path}.ambiguity_target", "must be in [0, 1]",
            self.ambiguity_target)
     _check(self.num_hidden >= 8, f"{path}.num_hidden", "must be >= 8", self.num_hidden)
-    _choice(f"{path}.split_by", self.split_by, ("program", "task"))
+    _choice(f"{path}.split_by", self.split_by, synthetic.SPLIT_BY)
     _check(self.train_size >= 0, f"{path}.train_size", "must be >= 0", self.train_size)
-    _choice(f"{path}.eval_split", self.eval_split, ("validation", "test"))
+    _choice(f"{path}.eval_split", self.eval_split,
+            tuple(s for s in synthetic.SPLITS if s != "train"))  # held-out splits
     _check(self.eval_size >= 1, f"{path}.eval_size", "must be >= 1", self.eval_size)
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkflowSection:
-  """Agent workflow: which stages, in order, and whether they are rewarded on completion.
-
-  `stage_rewards=False` is outcome-only GRPO: the same episodes, updated only once the final
-  reward is known. `max_new_tokens` bounds every stage's generation. `reference_debug` is what
-  the warm-start's reference episodes write in debug stages: `keep` or `restate` (the reference
-  code again). `reward_mode` is `fraction` (of tests passed) or `all_pass` (1 when all pass: what
-  pass@1 counts) for the final reward and the code and debug stage rewards.
-  `reference_fix_fraction` is the share of reference episodes that show a failing first attempt
-  (a near miss of the reference), its observation in the first debug stage, and the fix.
-
-  Attributes:
-    stages: stage names, in order (`hypothesis`, `code`, `tests`, `debug`).
-    max_debug_rounds: debug rounds after the first debug stage.
-    reference_debug: what reference episodes write in debug stages: `keep` or `restate`.
-    reward_mode: `fraction` of tests passed or `all_pass`.
-    reference_fix_fraction: share of reference episodes showing a failed first attempt and its
-      fix.
-    num_agent_tests: tests the agent writes in a `tests` stage.
-    stage_rewards: reward (and update on) each stage as it completes; False = outcome-only
-      GRPO.
-    max_new_tokens: generation budget of every stage, in tokens.
-  """
-  stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
-  max_debug_rounds: int = 1
-  reference_debug: str = "keep"
-  reward_mode: str = "fraction"
-  reference_fix_fraction: float = 0.0
-  num_agent_tests: int = 2
-  stage_rewards: bool = True
-  max_new_tokens: int = 64
-
-  def validate(self, path: str) -> None:
-    _check(len(self.stages) > 0, f"{path}.stages", "must name at least one stage", self.stages)
-    _check(len(set(self.stages)) == len(self.stages), f"{path}.stages", "must not repeat",
-           self.stages)
-    _check(self.max_debug_rounds >= 0, f"{path}.max_debug_rounds", "must be >= 0",
-           self.max_debug_rounds)
-    _choice(f"{path}.reference_debug", self.reference_debug, ("keep", "restate"))
-    _choice(f"{path}.reward_mode", self.reward_mode, ("fraction", "all_pass"))
-    _check(0.0 <= self.reference_fix_fraction <= 1.0, f"{path}.reference_fix_fraction",
-           "must be in [0, 1]", self.reference_fix_fraction)
-    _check(self.num_agent_tests >= 1, f"{path}.num_agent_tests", "must be >= 1",
-           self.num_agent_tests)
-    _check(self.max_new_tokens >= 1, f"{path}.max_new_tokens", "must be >= 1",
-           self.max_new_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +154,7 @@ class SandboxSection:
   min_isolation: str = "hook"
 
   def validate(self, path: str) -> None:
-    _choice(f"{path}.min_isolation", self.min_isolation, ("hook", "landlock", "namespaces"))
+    _choice(f"{path}.min_isolation", self.min_isolation, sandbox_lib.ISOLATION_LEVELS)
     _check(self.workers >= 1, f"{path}.workers", "must be >= 1", self.workers)
     _check(self.timeout_s > 0, f"{path}.timeout_s", "must be > 0", self.timeout_s)
     _check(self.cpu_s > 0, f"{path}.cpu_s", "must be > 0", self.cpu_s)
@@ -263,6 +227,11 @@ class RLSection:
            and self.buckets[0] >= 8, f"{path}.buckets",
            "must be strictly increasing lengths >= 8", self.buckets)
 
+  def transform(self, temperature: float | None = None) -> core_types.SamplingTransform:
+    """The behaviour policy's sampling transform (`temperature` overrides `rl.temperature`)."""
+    return core_types.SamplingTransform(
+        self.temperature if temperature is None else temperature, self.top_k, self.top_p)
+
 
 @dataclasses.dataclass(frozen=True)
 class LossSection:
@@ -302,14 +271,13 @@ class LossSection:
            "must be 0 (off) or > 1", self.dual_clip)
     _check(0.0 <= self.eps_low < 1.0, f"{path}.eps_low", "must be in [0, 1)", self.eps_low)
     _check(self.eps_high >= 0.0, f"{path}.eps_high", "must be >= 0", self.eps_high)
-    _choice(f"{path}.ratio_level", self.ratio_level, ("token", "sequence"))
-    _choice(f"{path}.aggregation", self.aggregation,
-            ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+    _choice(f"{path}.ratio_level", self.ratio_level, losses_lib.RATIO_LEVELS)
+    _choice(f"{path}.aggregation", self.aggregation, losses_lib.AGGREGATIONS)
     if self.aggregation == "seq_mean_token_sum_norm":
       _check(self.max_tokens > 0, f"{path}.max_tokens",
              "must be > 0 with aggregation seq_mean_token_sum_norm", self.max_tokens)
     _check(self.kl_beta >= 0.0, f"{path}.kl_beta", "must be >= 0", self.kl_beta)
-    _choice(f"{path}.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+    _choice(f"{path}.kl_estimator", self.kl_estimator, losses_lib.KL_ESTIMATORS)
     _check(self.entropy_coef >= 0.0, f"{path}.entropy_coef", "must be >= 0",
            self.entropy_coef)
 
@@ -343,13 +311,13 @@ class CorrectionSection:
   staleness_mode: str = "drop"
 
   def validate(self, path: str) -> None:
-    _choice(f"{path}.target", self.target, ("outcome", "return", "mixed"))
+    _choice(f"{path}.target", self.target, advantages_lib.TARGET_MODES)
     _check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
-    _choice(f"{path}.scale", self.scale, ("std", "none"))
-    _choice(f"{path}.baseline", self.baseline, ("none", "previous_stage"))
+    _choice(f"{path}.scale", self.scale, advantages_lib.SCALES)
+    _choice(f"{path}.baseline", self.baseline, advantages_lib.BASELINES)
     _check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
            self.max_staleness)
-    _choice(f"{path}.staleness_mode", self.staleness_mode, ("drop", "linear"))
+    _choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +328,9 @@ class ReplaySection:
     capacity: segments the replay holds.
     when_full: `evict_oldest` or `error`.
     skip_zero_advantage: drop rows whose advantage is 0 (no gradient).
-    pack_corrections: pack an episode's correction segments into one row when they chain.
+    pack_corrections: pack an episode's correction segments into one row when they chain and
+      that leaves the loss unchanged (`core.losses.segments_additive`: the token ratio, and an
+      aggregation other than `seq_mean_token_mean`); otherwise every segment keeps its own row.
   """
   capacity: int = 8192
   when_full: str = "evict_oldest"
@@ -369,7 +339,7 @@ class ReplaySection:
 
   def validate(self, path: str) -> None:
     _check(self.capacity >= 1, f"{path}.capacity", "must be >= 1", self.capacity)
-    _choice(f"{path}.when_full", self.when_full, ("evict_oldest", "error"))
+    _choice(f"{path}.when_full", self.when_full, replay_lib.WHEN_FULL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -591,7 +561,7 @@ class TrainConfig:
   seed: int = 0
   model: ModelSection = ModelSection()
   task: TaskSection = TaskSection()
-  workflow: WorkflowSection = WorkflowSection()
+  workflow: workflow_lib.WorkflowConfig = workflow_lib.WorkflowConfig()
   sandbox: SandboxSection = SandboxSection()
   rl: RLSection = RLSection()
   loss: LossSection = LossSection()

@@ -47,11 +47,9 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import parallel
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
-
-BATCH_KEYS = ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "sample_weights")
-SFT_KEYS = ("tokens", "loss_mask")
 
 
 @flax.struct.dataclass
@@ -149,31 +147,34 @@ def _positions(tokens):
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
-def _aligned_logprobs(logits, tokens, **transform):
+def _aligned_logprobs(logits, tokens, transform: core_types.SamplingTransform):
   """`[N, T]` log-probs of `tokens` under `logits [N, T, V]`; entry t scores `tokens[:, t]`."""
-  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:], **transform)
+  lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:], transform)
   return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
 
 
-def _token_logprobs(graphdef, params, tokens, *, temperature, top_k, top_p):
+def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTransform):
   """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`."""
   logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
-  return _aligned_logprobs(logits, tokens, temperature=temperature, top_k=top_k,
-                           top_p=top_p), logits
+  return _aligned_logprobs(logits, tokens, transform), logits
 
 
-def _split_micro(batch: dict[str, jax.Array], m: int) -> dict[str, jax.Array]:
-  n = batch["tokens"].shape[0]
+Batch = core_types.UpdateBatch | core_types.SFTBatch
+
+
+def _split_micro(batch: Batch, m: int) -> Batch:
+  """`[N, ...]` fields to `[m, N / m, ...]`."""
+  n = batch.tokens.shape[0]
   if n % m:
     raise ValueError(f"batch rows ({n}) must be divisible by micro_batches ({m})")
-  return {k: v.reshape((m, n // m) + v.shape[1:]) for k, v in batch.items()}
+  return jax.tree.map(lambda v: v.reshape((m, n // m) + v.shape[1:]), batch)
 
 
-def _accumulate(loss_fn: Callable, params, micro: dict[str, jax.Array], aggregation: str,
+def _accumulate(loss_fn: Callable, params, micro: Batch, aggregation: str,
                 max_tokens: Optional[int]):
   """Gradient of the whole-batch loss from micro-batches (weights `d_b / Σ d_b`)."""
   denoms = jax.vmap(lambda mk: losses_lib.aggregate_denominator(mk, aggregation, max_tokens))(
-      micro["loss_mask"])
+      micro.loss_mask)
   total = jnp.maximum(denoms.sum(), 1.0)
 
   def body(carry, xs):
@@ -211,7 +212,7 @@ class Shardings:
 
   Attributes:
     state: sharding (prefix) of `TrainState`.
-    batch: sharding (prefix) of the batch dict.
+    batch: sharding (prefix) of the `UpdateBatch` / `SFTBatch`.
     ref_params: sharding (prefix) of the reference parameters.
   """
   state: Any
@@ -317,8 +318,10 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   The returned callable takes:
     state: `TrainState` (donated: do not reuse the argument).
-    batch: dict with `tokens [N, T]` int32, `loss_mask [N, T]` bool, `behaviour_logprobs
-      [N, T]` f32, `advantages [N, T]` f32, `sample_weights [N]` f32 (0 on padding rows).
+    batch: a `core.types.UpdateBatch` (`tokens [N, T]` int32, `loss_mask [N, T]` bool,
+      `behaviour_logprobs [N, T]` f32, `advantages [N, T]` f32, `sample_weights [N]` f32, 0 on
+      padding rows); checked when traced (`ValueError` naming a field of the wrong shape or
+      dtype).
     ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
   and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
   `entropy`, `clip_fraction`, `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`,
@@ -326,41 +329,39 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
   update), `nonfinite_consecutive` (skipped updates in a row, this one included),
   `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
   """
-  rl = cfg.rl
-  return _update_step(graphdef, cfg.loss, rl.micro_batches, (rl.temperature, rl.top_k, rl.top_p),
-                      optimizer, shardings or Shardings.replicated())
+  return _update_step(graphdef, cfg.loss, cfg.rl.micro_batches, cfg.rl.transform(), optimizer,
+                      shardings or Shardings.replicated())
 
 
 @functools.lru_cache(maxsize=16)
 def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
-                 transform_args: tuple[float, int, float], optimizer, shardings: Shardings):
+                 transform: core_types.SamplingTransform, optimizer, shardings: Shardings):
   """The cached body of `make_update_step`."""
   max_tokens = loss_cfg.max_tokens or None
-  transform = dict(zip(("temperature", "top_k", "top_p"), transform_args))
   # The KL term's distributions: temperature-scaled, not filtered (module docstring).
-  kl_transform = dict(temperature=transform["temperature"], top_k=0, top_p=1.0)
+  kl_transform = core_types.SamplingTransform(temperature=transform.temperature)
   filtered = transform != kl_transform
   use_kl = loss_cfg.kl_beta > 0
 
-  def loss_fn(params, mb, ref_params):
-    mask = mb["loss_mask"]
-    logprobs, logits = _token_logprobs(graphdef, params, mb["tokens"], **transform)
+  def loss_fn(params, mb: core_types.UpdateBatch, ref_params):
+    mask = mb.loss_mask
+    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform)
     pg, metrics = losses_lib.policy_loss(
-        logprobs, mb["behaviour_logprobs"], mb["advantages"], mask,
+        logprobs, mb.behaviour_logprobs, mb.advantages, mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
         aggregation=loss_cfg.aggregation, max_tokens=max_tokens,
-        sample_weights=mb["sample_weights"], dual_clip=loss_cfg.dual_clip)
+        sample_weights=mb.sample_weights, dual_clip=loss_cfg.dual_clip)
     total = pg
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
-      kl_lp = _aligned_logprobs(logits, mb["tokens"], **kl_transform) if filtered else logprobs
-      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb["tokens"], **kl_transform)
+      kl_lp = _aligned_logprobs(logits, mb.tokens, kl_transform) if filtered else logprobs
+      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform)
       kl = losses_lib.aggregate(
           losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
           loss_cfg.aggregation, max_tokens)
       total = total + loss_cfg.kl_beta * kl
     ent = losses_lib.aggregate(
-        losses_lib.entropy(logprobs_lib.transform_logits(logits, **transform), mask), mask,
+        losses_lib.entropy(logprobs_lib.transform_logits(logits, transform), mask), mask,
         loss_cfg.aggregation, max_tokens)
     if loss_cfg.entropy_coef > 0:
       total = total - loss_cfg.entropy_coef * ent
@@ -370,14 +371,14 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
     metrics.pop("ratio_max")
     return total, metrics
 
-  def step(state: TrainState, batch: dict[str, jax.Array], ref_params):
-    batch = {k: batch[k] for k in BATCH_KEYS}
+  def step(state: TrainState, batch: core_types.UpdateBatch, ref_params):
+    _check_type(batch, core_types.UpdateBatch).check()
     micro = _split_micro(batch, micro_batches)
     loss, metrics, grads = _accumulate(
         lambda p, mb: loss_fn(p, mb, ref_params), state.params, micro, loss_cfg.aggregation,
         max_tokens)
     # Micro-batch metrics are denominator-weighted means; maxima would not combine that way.
-    metrics = dict(metrics, loss_tokens=jnp.sum(batch["loss_mask"]).astype(jnp.float32))
+    metrics = dict(metrics, loss_tokens=jnp.sum(batch.loss_mask).astype(jnp.float32))
     return _apply_updates(state, grads, optimizer, loss, metrics)
 
   return CountedJit(step, in_shardings=(shardings.state, shardings.batch, shardings.ref_params),
@@ -389,10 +390,10 @@ def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
                   shardings: Optional[Shardings] = None):
   """Builds the jitted supervised warm-start step `(state, batch) -> (state, metrics)`.
 
-  `batch` holds `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on the tokens to
-  imitate); the loss is the token-mean negative log-likelihood (temperature 1, no filtering).
-  Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`, `nonfinite_consecutive`,
-  `nonfinite_total`.
+  `batch` is a `core.types.SFTBatch`: `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on
+  the tokens to imitate); the loss is the token-mean negative log-likelihood (temperature 1, no
+  filtering). Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`,
+  `nonfinite_consecutive`, `nonfinite_total`.
   Micro-batched like `make_update_step` (token-count weighting); cached like it.
   """
   return _sft_step(graphdef, cfg.rl.micro_batches, optimizer, shardings or Shardings.replicated())
@@ -402,20 +403,20 @@ def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 def _sft_step(graphdef, micro_batches: int, optimizer, shardings: Shardings):
   """The cached body of `make_sft_step`."""
 
-  def loss_fn(params, mb):
-    mask = mb["loss_mask"]
-    logprobs, logits = _token_logprobs(graphdef, params, mb["tokens"], temperature=1.0,
-                                       top_k=0, top_p=1.0)
+  def loss_fn(params, mb: core_types.SFTBatch):
+    mask = mb.loss_mask
+    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens,
+                                       core_types.IDENTITY_TRANSFORM)
     nll = losses_lib.aggregate(-logprobs, mask, "token_mean")
     pred = jnp.argmax(logits[:, :-1], axis=-1)
-    hit = jnp.concatenate([jnp.zeros_like(mask[:, :1]), pred == mb["tokens"][:, 1:]], axis=1)
+    hit = jnp.concatenate([jnp.zeros_like(mask[:, :1]), pred == mb.tokens[:, 1:]], axis=1)
     acc = losses_lib.aggregate(hit.astype(jnp.float32), mask, "token_mean")
     return nll, {"token_accuracy": jax.lax.stop_gradient(acc)}
 
-  def step(state: TrainState, batch: dict[str, jax.Array]):
-    batch = {k: batch[k] for k in SFT_KEYS}
+  def step(state: TrainState, batch: core_types.SFTBatch):
+    _check_type(batch, core_types.SFTBatch).check()
     micro = _split_micro(batch, micro_batches if
-                         batch["tokens"].shape[0] % micro_batches == 0 else 1)
+                         batch.tokens.shape[0] % micro_batches == 0 else 1)
     loss, metrics, grads = _accumulate(loss_fn, state.params, micro, "token_mean", None)
     return _apply_updates(state, grads, optimizer, loss, metrics)
 
@@ -423,9 +424,7 @@ def _sft_step(graphdef, micro_batches: int, optimizer, shardings: Shardings):
                     out_shardings=(shardings.state, None), donate_argnums=(0,))
 
 
-def to_device_batch(batch, keys=BATCH_KEYS) -> dict[str, jax.Array]:
-  """Host arrays (a `replay.Batch` or a dict) to a dict of jnp arrays with the learner's dtypes."""
-  dtypes = {"tokens": jnp.int32, "loss_mask": jnp.bool_, "behaviour_logprobs": jnp.float32,
-            "advantages": jnp.float32, "sample_weights": jnp.float32}
-  get = batch.__getitem__ if isinstance(batch, dict) else lambda k: getattr(batch, k)
-  return {k: jnp.asarray(get(k), dtypes[k]) for k in keys}
+def _check_type(batch, cls):
+  if not isinstance(batch, cls):
+    raise ValueError(f"batch must be a {cls.__name__}, got {type(batch).__name__}")
+  return batch

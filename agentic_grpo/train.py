@@ -61,6 +61,8 @@ from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import tokenizers
@@ -154,7 +156,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   Args:
     cfg: the run config.
     pool: a sandbox pool to use instead of a new `SandboxPool` (tests).
-    workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests).
+    workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests); the
+      config is `cfg.workflow` (with `stage_rewards` and `reward_mode` replaced for evaluation).
   """
   tok = tokenizers.ByteTokenizer()
   overrides = cfg.model.overrides()
@@ -178,14 +181,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
         memory_bytes=cfg.sandbox.memory_mb * 2**20),
         isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
   counting = loop_lib.CountingPool(pool)
-  wf_config = workflow_lib.WorkflowConfig(
-      stages=cfg.workflow.stages, max_debug_rounds=cfg.workflow.max_debug_rounds,
-      num_tests=cfg.workflow.num_agent_tests, score_stages=cfg.workflow.stage_rewards,
-      reference_debug=cfg.workflow.reference_debug, reward_mode=cfg.workflow.reward_mode,
-      reference_fix_fraction=cfg.workflow.reference_fix_fraction)
   cls = workflow_factory or workflow_lib.Workflow
-  make = lambda pool, score_stages=cfg.workflow.stage_rewards, **overrides: cls(
-      dataclasses.replace(wf_config, score_stages=score_stages, **overrides), pool)
+  make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool)
   factory = lambda: make(counting)
   probe = factory()
   mesh = parallel.make_mesh(cfg)
@@ -196,7 +193,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
                     make, probe.num_stages, probe.stage_names, mesh, sharded_model, shardings)
 
 
-def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
+def sft_batch(comp: Components, tasks) -> core_types.SFTBatch:
   """Reference episodes as a warm-start batch `[len(tasks), warmstart.seq_len]`.
 
   Environment text (openings, observations) is context only; the reference stage outputs are
@@ -216,7 +213,7 @@ def sft_batch(comp: Components, tasks) -> dict[str, np.ndarray]:
     n = min(len(ids), seq_len)
     tokens[r, :n] = ids[:n]
     mask[r, :n] = m[:n]
-  return {"tokens": tokens, "loss_mask": mask}
+  return core_types.SFTBatch(tokens, mask)
 
 
 def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = None):
@@ -231,8 +228,7 @@ def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = N
   and each gets its own rows back.
   """
   cfg = comp.cfg
-  if temperature is None:
-    temperature = cfg.rl.temperature
+  transform = cfg.rl.transform(temperature)
   tok = comp.tokenizer
   wf = comp.workflow_factory()
   stop_ids = [tok.token_id(s) for s in wf.stop_tokens()]
@@ -247,7 +243,7 @@ def make_sample_fn(comp: Components, seed: int, temperature: Optional[float] = N
       buckets = (sampler_lib.prompt_bucket(longest, cfg.rl.buckets),)
     out = sampler_lib.sample(
         comp.graphdef, params, prompts, lengths, key, max_new_tokens=cfg.workflow.max_new_tokens,
-        temperature=temperature, top_k=cfg.rl.top_k, top_p=cfg.rl.top_p, greedy=greedy,
+        transform=transform, greedy=greedy,
         stop_token_ids=stop_ids, pad_id=tok.pad_id, prompt_buckets=buckets,
         shardings=shardings)
     return parallel.local_rows((out.tokens, out.lengths, out.logprobs))
@@ -413,7 +409,7 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   t0 = time.time()
   counting = loop_lib.CountingPool(comp.pool)
   # Hidden-test fractions for `eval/hidden_frac`; pass@1 counts the episodes that pass all.
-  factory = lambda: comp.make_workflow(counting, score_stages=True,
+  factory = lambda: comp.make_workflow(counting, stage_rewards=True,
                                        reward_mode=workflow_lib.FRACTION)
   own = len(comp.eval_tasks)
   width = -(-cfg.task.eval_size // jax.process_count())  # tasks run by every process
@@ -484,16 +480,6 @@ def _sum_rows(rows: list[dict[str, float]]) -> dict[str, list[float]]:
   return acc
 
 
-def _padding_batch(rows: int, length: int) -> dict[str, np.ndarray]:
-  """An update batch of padding rows only (weight 0, no loss token): a process's share of a
-  global batch when it had no ready row."""
-  return {"tokens": np.zeros((rows, length), np.int32),
-          "loss_mask": np.zeros((rows, length), bool),
-          "behaviour_logprobs": np.zeros((rows, length), np.float32),
-          "advantages": np.zeros((rows, length), np.float32),
-          "sample_weights": np.zeros((rows,), np.float32)}
-
-
 def run(config, workdir: str, *, pool=None, workflow_factory=None,
         stop_after: Optional[int] = None) -> dict[str, Any]:
   """Trains (or resumes) a run in `workdir`; returns the last evaluation and run facts.
@@ -550,12 +536,9 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       if value % n_proc:
         raise ValueError(f"config.{name} must be a multiple of the number of processes "
                          f"({n_proc}), got {value}")
-  if multi:  # each process places its own rows of the global batch
-    put = lambda batch, keys: parallel.shard_batch(learner.to_device_batch(batch, keys),
-                                                   comp.mesh, cfg.mesh.rules())
-  else:
-    put = lambda batch, keys: parallel.put_batch(learner.to_device_batch(batch, keys),
-                                                 comp.mesh, cfg.mesh.rules())
+  # Each process places its own rows of the global batch (multi-process) or the whole batch.
+  place = parallel.shard_batch if multi else parallel.put_batch
+  put = lambda batch: place(batch.check(), comp.mesh, cfg.mesh.rules())
   use_kl = cfg.loss.kl_beta > 0
 
   replay = replay_lib.StagedReplay(
@@ -566,7 +549,8 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       max_staleness=cfg.correction.max_staleness,
       staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
       when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
-      pack_corrections=cfg.replay.pack_corrections)
+      pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
+          cfg.loss.ratio_level, cfg.loss.aggregation))
   get_train = lambda i: comp.tasks.task("train", i)
   shard = {"shard_index": jax.process_index(), "shard_count": n_proc}
   rl_stream = loop_lib.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed,
@@ -647,7 +631,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
       next_batch = host_batch(step)
       while step < ws_steps and not stopping():
         t0 = time.time()
-        batch = put(next_batch, learner.SFT_KEYS)
+        batch = put(next_batch)
         state, m = sft_step(state, batch)  # Dispatched asynchronously:
         step += 1
         if step < ws_steps:
@@ -659,7 +643,7 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           row = {"step": step, "phase": "warmstart", "seconds": time.time() - t_start,
                  "warmstart/loss": m["loss"], "warmstart/token_accuracy": m["token_accuracy"],
                  "grad_norm": m["grad_norm"], "update_skipped": m["update_skipped"],
-                 "tokens_per_s": float(batch["loss_mask"].size) / max(dt, 1e-9)}
+                 "tokens_per_s": float(batch.loss_mask.size) / max(dt, 1e-9)}
           if step == ws_steps:
             last_eval, warm_passed = evaluate(comp, agent, state.params, sampled=True)
             row.update(last_eval)
@@ -772,13 +756,13 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
             continue
           stats = batch.stats if batch is not None else {
               "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0}
-          device_batch = put(batch if batch is not None else _padding_batch(rows, buckets[0]),
-                             learner.BATCH_KEYS)
+          device_batch = put(batch.update if batch is not None
+                             else core_types.UpdateBatch.padding(rows, buckets[0]))
           state, m = update(state, device_batch, ref_params)
           step += 1
           idle_batches = 0
           pending_updates.append((m, stats))
-          log_state["tokens"] += int(device_batch["loss_mask"].size)
+          log_state["tokens"] += int(device_batch.loss_mask.size)
           eval_due = cfg.eval.every and (step - ws_steps) % cfg.eval.every == 0
           if (step % cfg.log.every == 0 or eval_due) and step < total:
             log_rl(final=False)

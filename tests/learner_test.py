@@ -14,6 +14,7 @@ import optax
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
 
 N, T = 4, 16
@@ -68,7 +69,7 @@ class LearnerTest(absltest.TestCase):
     return jax.device_put(transformer.init_model(_model_config(), seed)[1], self.sh.ref_params)
 
   def test_micro_batches_match_full_batch(self):
-    batch = learner.to_device_batch(_batch())
+    batch = core_types.UpdateBatch(**_batch())
     s1, m1 = self.step(self._state(), batch, self._ref(1))
     s2, m2 = self.step2(self._state(), batch, self._ref(1))
     np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-7)
@@ -84,12 +85,12 @@ class LearnerTest(absltest.TestCase):
     batch["advantages"][r, c] = np.nan
     state = self._state()
     before = jax.tree.map(np.asarray, state.params)
-    state, metrics = self.step(state, learner.to_device_batch(batch), self._ref())
+    state, metrics = self.step(state, core_types.UpdateBatch(**batch), self._ref())
     self.assertEqual(float(metrics["update_skipped"]), 1.0)
     self.assertEqual(learner.nonfinite_count(state), 1)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
       np.testing.assert_array_equal(a, b)
-    state, metrics = self.step(state, learner.to_device_batch(_batch(1)), self._ref())
+    state, metrics = self.step(state, core_types.UpdateBatch(**_batch(1)), self._ref())
     self.assertEqual(float(metrics["update_skipped"]), 0.0)
     self.assertTrue(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params)))
     self.assertEqual(learner.nonfinite_count(state), 1)
@@ -99,7 +100,7 @@ class LearnerTest(absltest.TestCase):
     bad["advantages"][bad["loss_mask"]] = np.nan
     state, seen = self._state(), []
     for _ in range(3):
-      state, metrics = self.step(state, learner.to_device_batch(bad), self._ref())
+      state, metrics = self.step(state, core_types.UpdateBatch(**bad), self._ref())
       seen.append(jax.device_get(metrics))
     self.assertEqual([m["nonfinite_consecutive"] for m in seen], [1.0, 2.0, 3.0])
     learner.check_skipped_updates(seen[:2], 3, 2)  # below the limit: no error
@@ -108,7 +109,7 @@ class LearnerTest(absltest.TestCase):
                                 r"3 consecutive updates were skipped.*max_skipped_updates=3"):
       learner.check_skipped_updates(seen, 3, 3)
     self.assertTrue(issubclass(learner.NonFiniteUpdatesError, RuntimeError))
-    state, metrics = self.step(state, learner.to_device_batch(_batch(1)), self._ref())
+    state, metrics = self.step(state, core_types.UpdateBatch(**_batch(1)), self._ref())
     self.assertEqual(float(metrics["nonfinite_consecutive"]), 0.0)  # a finite update resets it
     self.assertEqual(learner.nonfinite_count(state), 3)
 
@@ -129,7 +130,8 @@ class LearnerTest(absltest.TestCase):
       tokens[:, t + 1] = np.asarray(jnp.argmax(logits[:, t], -1))
     state = self._state(0)
     lp = lambda params, **kw: np.asarray(transformer.sequence_logprobs(
-        self.graphdef, params, jnp.asarray(tokens), jnp.asarray(positions), None, **kw))
+        self.graphdef, params, jnp.asarray(tokens), jnp.asarray(positions), None,
+        core_types.SamplingTransform(**kw)))
     filtered = lp(state.params, temperature=0.7, top_k=1)
     mask = batch["loss_mask"]
     self.assertTrue(np.any(mask & (filtered < -1e29)))  # the trigger is present
@@ -137,7 +139,7 @@ class LearnerTest(absltest.TestCase):
     pol, ref_lp = lp(state.params, temperature=0.7), lp(ref, temperature=0.7)
     want_kl = losses_lib.aggregate(losses_lib.kl_penalty(pol, ref_lp), mask,
                                    "seq_mean_token_mean")
-    state, metrics = step(state, learner.to_device_batch(batch), ref)
+    state, metrics = step(state, core_types.UpdateBatch(**batch), ref)
     self.assertEqual(float(metrics["update_skipped"]), 0.0)
     self.assertTrue(all(np.all(np.isfinite(v)) for v in jax.device_get(metrics).values()))
     np.testing.assert_allclose(metrics["kl"], want_kl, rtol=1e-4)
@@ -169,7 +171,7 @@ class LearnerTest(absltest.TestCase):
     self.assertTrue(all(a > b for a, b in zip(lrs, lrs[1:])), lrs)
 
   def test_reference_kl(self):
-    batch = learner.to_device_batch(_batch())
+    batch = core_types.UpdateBatch(**_batch())
     _, same = self.step(self._state(0), batch, self._ref(0))
     self.assertAlmostEqual(float(same["kl"]), 0.0, places=6)
     _, other = self.step(self._state(0), batch, self._ref(1))
@@ -184,21 +186,21 @@ class LearnerTest(absltest.TestCase):
     batch["behaviour_logprobs"] = np.where(batch["loss_mask"], np.asarray(lp), 0.0)
     traces = self.step.num_traces
     old_leaf = jax.tree.leaves(state.params)[0]
-    state, metrics = self.step(state, learner.to_device_batch(batch), self._ref())
+    state, metrics = self.step(state, core_types.UpdateBatch(**batch), self._ref())
     self.assertTrue(old_leaf.is_deleted())  # The state was donated.
     np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
     self.assertEqual(float(metrics["clip_fraction"]), 0.0)
     for seed in (1, 2):
-      state, _ = self.step(state, learner.to_device_batch(_batch(seed)), self._ref())
+      state, _ = self.step(state, core_types.UpdateBatch(**_batch(seed)), self._ref())
     self.assertLessEqual(self.step.num_traces, max(traces, 1))  # Compiled once at most.
-    self.step(state, learner.to_device_batch(_batch(3, t=2 * T)), self._ref())
+    self.step(state, core_types.UpdateBatch(**_batch(3, t=2 * T)), self._ref())
     self.assertEqual(self.step.num_traces, max(traces, 1) + 1)  # A new bucket compiles once.
 
   def test_sft_step_learns(self):
     opt = learner.make_optimizer(self.cfg.optim, learning_rate=1e-2)
     state = jax.device_put(learner.init_state(self._state().params, opt, 0), self.sh.state)
     step = learner.make_sft_step(self.graphdef, self.cfg, opt, shardings=self.sh)
-    batch = learner.to_device_batch({k: _batch()[k] for k in learner.SFT_KEYS}, learner.SFT_KEYS)
+    batch = core_types.SFTBatch(_batch()["tokens"], _batch()["loss_mask"])
     losses = []
     for _ in range(8):
       state, metrics = step(state, batch)

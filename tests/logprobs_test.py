@@ -8,6 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import logprobs
+from agentic_grpo.core import types as core_types
+
+_T = core_types.SamplingTransform
 
 
 class TransformLogitsTest(parameterized.TestCase):
@@ -15,7 +18,7 @@ class TransformLogitsTest(parameterized.TestCase):
   def test_temperature_example_from_issue(self):
     # Logits [2, 1, 0] at temperature 0.5 are [4, 2, 0].
     lp = logprobs.token_logprobs(jnp.array([[2.0, 1.0, 0.0]]), jnp.array([0]),
-                                 temperature=0.5)
+                                 _T(temperature=0.5))
     expected = jax.nn.log_softmax(jnp.array([4.0, 2.0, 0.0]))[0]
     np.testing.assert_allclose(lp[0], expected, rtol=1e-6)
 
@@ -29,7 +32,7 @@ class TransformLogitsTest(parameterized.TestCase):
 
   def test_top_k_keeps_k_and_renormalises(self):
     logits = jnp.array([[3.0, 1.0, 2.0, 0.0, -1.0]])
-    x = logprobs.transform_logits(logits, top_k=2)
+    x = logprobs.transform_logits(logits, _T(top_k=2))
     kept = np.asarray(x[0] > logprobs.MASKED_LOGIT / 2)
     np.testing.assert_array_equal(kept, [True, False, True, False, False])
     p = jax.nn.softmax(x[0])
@@ -37,7 +40,7 @@ class TransformLogitsTest(parameterized.TestCase):
     np.testing.assert_allclose(p.sum(), 1.0, rtol=1e-6)
 
   def test_top_k_keeps_ties(self):
-    x = logprobs.transform_logits(jnp.array([1.0, 2.0, 2.0, 0.0]), top_k=1)
+    x = logprobs.transform_logits(jnp.array([1.0, 2.0, 2.0, 0.0]), _T(top_k=1))
     np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
                                   [False, True, True, False])
 
@@ -45,20 +48,20 @@ class TransformLogitsTest(parameterized.TestCase):
     probs = np.array([0.05, 0.5, 0.15, 0.3])
     logits = jnp.log(jnp.asarray(probs))
     # Sorted: 0.5, 0.3, 0.15, 0.05; mass before each: 0, 0.5, 0.8, 0.95.
-    x = logprobs.transform_logits(logits, top_p=0.7)
+    x = logprobs.transform_logits(logits, _T(top_p=0.7))
     kept = np.asarray(x > logprobs.MASKED_LOGIT / 2)
     np.testing.assert_array_equal(kept, [False, True, False, True])
-    lp = logprobs.token_logprobs(logits[None], jnp.array([1]), top_p=0.7)
+    lp = logprobs.token_logprobs(logits[None], jnp.array([1]), _T(top_p=0.7))
     np.testing.assert_allclose(lp[0], np.log(0.5 / 0.8), rtol=1e-5)
 
   def test_top_p_always_keeps_most_likely(self):
-    x = logprobs.transform_logits(jnp.array([0.0, 5.0, 1.0]), top_p=1e-6)
+    x = logprobs.transform_logits(jnp.array([0.0, 5.0, 1.0]), _T(top_p=1e-6))
     np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
                                   [False, True, False])
 
   def test_top_k_then_top_p_on_tempered_distribution(self):
     logits = jnp.array([4.0, 3.0, 2.0, 1.0, 0.0])
-    x = logprobs.transform_logits(logits, temperature=2.0, top_k=3, top_p=0.5)
+    x = logprobs.transform_logits(logits, _T(temperature=2.0, top_k=3, top_p=0.5))
     # After T=2 and top-3: [2, 1.5, 1] -> probs .506, .307, .186: only the first.
     np.testing.assert_array_equal(np.asarray(x > logprobs.MASKED_LOGIT / 2),
                                   [True, False, False, False, False])
@@ -69,16 +72,16 @@ class TransformLogitsTest(parameterized.TestCase):
 
     @jax.jit
     def traced(logits, targets, t, p):
-      return logprobs.token_logprobs(logits, targets, temperature=t, top_k=5, top_p=p)
+      return logprobs.token_logprobs(logits, targets, _T(temperature=t, top_k=5, top_p=p))
 
-    static = logprobs.token_logprobs(logits, targets, temperature=0.6, top_k=5, top_p=0.9)
+    static = logprobs.token_logprobs(logits, targets, _T(temperature=0.6, top_k=5, top_p=0.9))
     np.testing.assert_allclose(traced(logits, targets, 0.6, 0.9), static, atol=1e-6)
 
   def test_masked_target_has_finite_value_and_gradient(self):
     logits = jnp.array([[5.0, 0.0, -5.0]])
 
     def f(l):
-      return logprobs.token_logprobs(l, jnp.array([2]), top_k=1).sum()
+      return logprobs.token_logprobs(l, jnp.array([2]), _T(top_k=1)).sum()
 
     value, grad = jax.value_and_grad(f)(logits)
     self.assertLess(float(value), -1e20)
@@ -94,7 +97,16 @@ class TransformLogitsTest(parameterized.TestCase):
   )
   def test_invalid_arguments(self, kwargs, match):
     with self.assertRaisesRegex(ValueError, match):
-      logprobs.transform_logits(jnp.zeros((2, 3)), **kwargs)
+      logprobs.transform_logits(jnp.zeros((2, 3)), _T(**kwargs))
+
+  def test_transform_must_be_a_sampling_transform(self):
+    with self.assertRaisesRegex(ValueError, "SamplingTransform"):
+      logprobs.transform_logits(jnp.zeros((2, 3)), (1.0, 0, 1.0))
+
+  def test_transform_is_hashable_by_value(self):
+    self.assertEqual(hash(_T(0.5, 3, 0.9)), hash(_T(0.5, 3, 0.9)))
+    self.assertEqual({_T(0.5, 3, 0.9): 1}[_T(temperature=0.5, top_k=3, top_p=0.9)], 1)
+    self.assertNotEqual(_T(0.5), _T(0.6))
 
   def test_target_shape_mismatch(self):
     with self.assertRaisesRegex(ValueError, "targets shape"):
@@ -104,7 +116,7 @@ class TransformLogitsTest(parameterized.TestCase):
     logits = np.random.RandomState(4).standard_normal((16, 33)).astype(np.float32) * 4
     for kw in (dict(temperature=0.6), dict(top_k=7), dict(top_p=0.9),
                dict(temperature=1.3, top_k=10, top_p=0.8)):
-      p = jax.nn.softmax(logprobs.transform_logits(logits, **kw), axis=-1)
+      p = jax.nn.softmax(logprobs.transform_logits(logits, _T(**kw)), axis=-1)
       chex.assert_trees_all_close(p.sum(-1), jnp.ones(16), atol=1e-5)
       # The argmax always survives.
       top = jnp.argmax(logits, -1)

@@ -83,7 +83,7 @@ class LoopTest(absltest.TestCase):
   def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
             in_flight=2):
     counting = loop_lib.CountingPool(self.pool)
-    factory = lambda: workflow_cls(workflow_lib.WorkflowConfig(score_stages=stage_rewards),
+    factory = lambda: workflow_cls(workflow_lib.WorkflowConfig(stage_rewards=stage_rewards),
                                    counting)
     num_stages = factory().num_stages
     replay = replay_lib.StagedReplay(group_size=G, num_stages=num_stages,
@@ -157,11 +157,11 @@ class LoopTest(absltest.TestCase):
     self.assertEqual(batch.kinds, ["provisional"] * (B * G))
     for r in range(B * G):
       gen = sampler.emitted[0][r]
-      row = batch.tokens[r][:batch.loss_mask[r].nonzero()[0][-1] + 1]
+      row = batch.update.tokens[r][:batch.update.loss_mask[r].nonzero()[0][-1] + 1]
       # The row ends with exactly the generated ids, which are the loss tokens.
       np.testing.assert_array_equal(row[-len(gen):], gen)
-      self.assertEqual(int(batch.loss_mask[r].sum()), len(gen))
-      np.testing.assert_allclose(batch.behaviour_logprobs[r][batch.loss_mask[r]],
+      self.assertEqual(int(batch.update.loss_mask[r].sum()), len(gen))
+      np.testing.assert_allclose(batch.update.behaviour_logprobs[r][batch.update.loss_mask[r]],
                                  -0.25 - 0.01 * np.arange(len(gen)), rtol=1e-6)
     # Run the batch to its end: the final rewards produce correction rows.
     for _ in range(2 * (agent.num_stages - 1)):
@@ -182,7 +182,7 @@ class LoopTest(absltest.TestCase):
         agent.step(None, version0 + i // 2)
         b = replay.take(64, version0 + i // 2, (384,))
         if b is not None:
-          taken.append((b.tokens.copy(), b.advantages.copy()))
+          taken.append((b.update.tokens.copy(), b.update.advantages.copy()))
       return taken
 
     a_loop, a_replay, _ = self._loop(ScriptedSampler())

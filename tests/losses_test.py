@@ -12,6 +12,7 @@ import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses
+from agentic_grpo.core import types as core_types
 
 # A hand-computed padded batch: row 0 has 3 loss tokens, row 1 has 2, the rest is padding.
 MASK = np.array([[True, True, True, False], [True, True, False, False]])
@@ -365,7 +366,8 @@ class FiniteUnderExtremeInputsTest(parameterized.TestCase):
     logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 11)) * 10.0
 
     def h(x, top_k, top_p):
-      y = logprobs_lib.transform_logits(x, temperature=0.7, top_k=top_k, top_p=top_p)
+      y = logprobs_lib.transform_logits(
+          x, core_types.SamplingTransform(temperature=0.7, top_k=top_k, top_p=top_p))
       return losses.entropy(y, jnp.ones((2, 3), bool)).sum()
 
     for top_k, top_p in ((1, 1.0), (3, 1.0), (0, 0.5), (4, 0.9)):

@@ -4,10 +4,13 @@ import collections
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.core import advantages as advantages_lib
+from agentic_grpo.core import losses as losses_lib
 
 G, S = 4, 3
 BUCKETS = (64, 128)
@@ -88,19 +91,20 @@ class StagedReplayTest(parameterized.TestCase):
     toks, masks, blps = eps.stage(range(G))
     replay.add_stage(range(G), 0, toks, masks, blps, 3, [0.0, 1.0, 0.0, 1.0])
     batch = replay.take(6, 3, BUCKETS)
-    self.assertEqual(batch.tokens.shape, (6, 64))
-    self.assertEqual(batch.tokens.dtype, np.int32)
-    np.testing.assert_array_equal(batch.sample_weights, [1, 1, 1, 1, 0, 0])
-    self.assertFalse(batch.loss_mask[4:].any())
+    self.assertEqual(batch.update.tokens.shape, (6, 64))
+    self.assertEqual(batch.update.tokens.dtype, np.int32)
+    np.testing.assert_array_equal(batch.update.sample_weights, [1, 1, 1, 1, 0, 0])
+    self.assertFalse(batch.update.loss_mask[4:].any())
     for r in range(G):
       n = len(toks[r])
-      np.testing.assert_array_equal(batch.tokens[r, :n], toks[r])
-      np.testing.assert_array_equal(batch.loss_mask[r, :n], masks[r])
-      np.testing.assert_array_equal(batch.behaviour_logprobs[r, :n], blps[r])
-      self.assertFalse(batch.loss_mask[r, n:].any())
+      np.testing.assert_array_equal(batch.update.tokens[r, :n], toks[r])
+      np.testing.assert_array_equal(batch.update.loss_mask[r, :n], masks[r])
+      np.testing.assert_array_equal(batch.update.behaviour_logprobs[r, :n], blps[r])
+      self.assertFalse(batch.update.loss_mask[r, n:].any())
       # Per-token advantage is the row's advantage on its loss tokens, 0 elsewhere.
       adv = batch.segments[r][2]
-      np.testing.assert_allclose(batch.advantages[r], np.where(batch.loss_mask[r], adv, 0.0))
+      np.testing.assert_allclose(batch.update.advantages[r],
+                                 np.where(batch.update.loss_mask[r], adv, 0.0))
 
   @parameterized.product(target_mode=("outcome", "return", "mixed"),
                          pack=(True, False), skip_zero=(True, False),
@@ -175,13 +179,13 @@ class StagedReplayTest(parameterized.TestCase):
     want = _norm(final)
     for r in range(G):
       n = len(toks[r])
-      np.testing.assert_array_equal(batch.tokens[r, :n], toks[r])
+      np.testing.assert_array_equal(batch.update.tokens[r, :n], toks[r])
       union = np.zeros(n, bool)
       for k in range(S):
         m = stage_masks[k][r]
         union[:len(m)] |= m
-      np.testing.assert_array_equal(batch.loss_mask[r, :n], union)
-      np.testing.assert_allclose(batch.advantages[r, :n], np.where(union, want[r], 0.0),
+      np.testing.assert_array_equal(batch.update.loss_mask[r, :n], union)
+      np.testing.assert_allclose(batch.update.advantages[r, :n], np.where(union, want[r], 0.0),
                                  atol=1e-5)
 
   def test_outcome_only_runs_ignore_the_stage_baseline(self):
@@ -196,7 +200,7 @@ class StagedReplayTest(parameterized.TestCase):
         toks, masks, blps = eps.stage(range(G))
         replay.add_stage(range(G), k, toks, masks, blps, 0, np.zeros(G))
       replay.finish(range(G), [1.0, 0.0, 0.5, 0.0])
-      return [(b.tokens, b.advantages) for b in _drain(replay)]
+      return [(b.update.tokens, b.update.advantages) for b in _drain(replay)]
     plain, with_baseline = rows("none"), rows("previous_stage")
     self.assertNotEmpty(plain)
     for (t0, a0), (t1, a1) in zip(plain, with_baseline, strict=True):
@@ -239,7 +243,7 @@ class StagedReplayTest(parameterized.TestCase):
       self.assertEqual(replay.counters["stale_downweighted_segments"], G)
       np.testing.assert_allclose([a for _, _, a in batch.segments], want * weight_at_2,
                                  atol=1e-5)
-      np.testing.assert_allclose(batch.advantages[0][batch.loss_mask[0]],
+      np.testing.assert_allclose(batch.update.advantages[0][batch.update.loss_mask[0]],
                                  want[0] * weight_at_2, atol=1e-5)
     # A dropped provisional item counts as not applied: its correction is the full target.
     replay.finish(range(G), [0.0, 1.0, 0.0, 0.0])
@@ -258,10 +262,10 @@ class StagedReplayTest(parameterized.TestCase):
     replay.add_stage(range(G), 0, short, mask(10), blp(10), 0, [1.0, 0, 0, 0])
     replay.add_stage(range(G, 2 * G), 0, long, mask(100), blp(100), 0, [1.0, 0, 0, 0])
     b1 = replay.take(8, 0, BUCKETS)
-    self.assertEqual(b1.tokens.shape, (8, 64))
+    self.assertEqual(b1.update.tokens.shape, (8, 64))
     self.assertEqual(b1.num_rows, G)
     b2 = replay.take(8, 0, BUCKETS)
-    self.assertEqual(b2.tokens.shape, (8, 128))
+    self.assertEqual(b2.update.tokens.shape, (8, 128))
     with self.assertRaisesRegex(ValueError, "largest bucket"):
       replay.add_group(2, range(100, 100 + G))
       replay.add_stage(range(100, 100 + G), 0, [np.arange(200)] * G, mask(200), blp(200), 0,
@@ -316,7 +320,7 @@ class StagedReplayTest(parameterized.TestCase):
     self.assertLen(bb, len(ba))
     for x, y in zip(ba, bb):
       for field in ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "sample_weights"):
-        np.testing.assert_array_equal(getattr(x, field), getattr(y, field))
+        np.testing.assert_array_equal(getattr(x.update, field), getattr(y.update, field))
       self.assertEqual(x.segments, y.segments)
     self.assertEqual(a.counters, b.counters)
 
@@ -341,6 +345,80 @@ class StagedReplayTest(parameterized.TestCase):
       replay.finish([0], [1.0])
     with self.assertRaisesRegex(ValueError, "max_rows"):
       replay.take(0, 0, BUCKETS)
+
+
+class PackedGradientTest(parameterized.TestCase):
+  """Packing an episode's corrections into one row must not change the policy gradient."""
+
+  def _corrections(self, pack):
+    """One group's correction batch (`G * S` rows) and `(row episode [N], stage [N])` for the
+    rows of the unpacked layout (-1 on padding rows)."""
+    rng = np.random.default_rng(5)
+    replay = _make(pack_corrections=pack)
+    eps = _Episodes(rng, range(G))
+    replay.add_group(0, range(G))
+    for k in range(S):
+      toks, masks, blps = eps.stage(range(G))
+      replay.add_stage(range(G), k, toks, masks, blps, 0, rng.random(G))
+    _drain(replay, rows=G * S)  # the provisional updates
+    replay.finish(range(G), rng.random(G))
+    batches = _drain(replay, rows=G * S)
+    self.assertLen(batches, 1)
+    return batches[0]
+
+  def _policy_logprobs(self, batch, theta, owner):
+    """`[N, T]` log-probs of the batch's rows from per-episode, per-position `theta [G, T]`."""
+    rows = np.array([owner.get(tuple(r[:5]), 0) for r in batch.update.tokens.tolist()])
+    return theta[rows]
+
+  def _grad(self, batch, theta, owner, ratio_level, aggregation):
+    u = batch.update
+    def loss(th):
+      return losses_lib.policy_loss(
+          self._policy_logprobs(batch, th, owner), u.behaviour_logprobs, u.advantages,
+          u.loss_mask, ratio_level=ratio_level, aggregation=aggregation,
+          max_tokens=u.tokens.shape[1], sample_weights=u.sample_weights)[0]
+    return np.asarray(jax.grad(loss)(theta))
+
+  def _setup(self, last_stage_shift, noise):
+    """The unpacked batch, the owner map (row prefix -> episode) and a perturbed policy:
+    behaviour log-probs plus `noise`, plus `last_stage_shift` on the last stage's tokens."""
+    unpacked = self._corrections(pack=False)
+    u = unpacked.update
+    self.assertEqual(unpacked.num_rows, len(unpacked.segments))  # one segment per row
+    owner, theta = {}, np.zeros((G, u.tokens.shape[1]), np.float32)
+    last = np.zeros_like(theta, bool)
+    for r, (e, k, _) in enumerate(unpacked.segments):
+      owner[tuple(u.tokens[r, :5].tolist())] = e
+      theta[e] = np.where(u.loss_mask[r], u.behaviour_logprobs[r], theta[e])
+      last[e] |= u.loss_mask[r] & (k == S - 1)
+    rng = np.random.default_rng(6)
+    theta = theta + noise * rng.standard_normal(theta.shape) + last_stage_shift * last
+    return unpacked, owner, jnp.asarray(theta, jnp.float32), last
+
+  @parameterized.product(ratio_level=losses_lib.RATIO_LEVELS,
+                         aggregation=losses_lib.AGGREGATIONS)
+  def test_packed_and_unpacked_gradients_agree(self, ratio_level, aggregation):
+    unpacked, owner, theta, _ = self._setup(last_stage_shift=0.3, noise=0.1)
+    packed = self._corrections(pack=losses_lib.segments_additive(ratio_level, aggregation))
+    if losses_lib.segments_additive(ratio_level, aggregation):
+      self.assertLess(packed.num_rows, unpacked.num_rows)  # packing happened
+    want = self._grad(unpacked, theta, owner, ratio_level, aggregation)
+    got = self._grad(packed, theta, owner, ratio_level, aggregation)
+    self.assertGreater(np.abs(want).max(), 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-8)
+
+  def test_sequence_ratio_across_packed_stages_zeroes_unchanged_stage(self):
+    # Why the replay does not pack under GSPO: only the last stage moved, far enough that the
+    # episode's sequence ratio leaves the clip range; packed, the unchanged earlier stages of
+    # an episode with a positive correction lose their gradient.
+    unpacked, owner, theta, last = self._setup(last_stage_shift=1.5, noise=0.0)
+    forced = self._corrections(pack=True)
+    want = self._grad(unpacked, theta, owner, "sequence", "token_mean")
+    got = self._grad(forced, theta, owner, "sequence", "token_mean")
+    earlier = ~last & (want != 0.0)
+    self.assertTrue(earlier.any())
+    self.assertTrue(np.any(got[earlier] == 0.0))
 
 
 if __name__ == "__main__":

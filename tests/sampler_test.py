@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 
@@ -38,14 +39,16 @@ def _prompts(seed=0, lengths=(12, 3, 7, 1)):
 
 
 def _sample(prompts, lengths, **kwargs):
+  """`sampler.sample`, with `temperature`, `top_k`, `top_p` keywords as its transform."""
   graphdef, params = _model()
   kwargs.setdefault("max_new_tokens", _T)
+  kwargs["transform"] = core_types.SamplingTransform(
+      **{k: kwargs.pop(k) for k in ("temperature", "top_k", "top_p") if k in kwargs})
   return sampler.sample(graphdef, params, prompts, lengths, kwargs.pop("rng", jax.random.key(3)),
                         **kwargs)
 
 
-_sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=0,
-                             static_argnames=("top_k",))
+_sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=(0, 5))
 
 
 def _learner_logprobs(prompts, lengths, out, **transform):
@@ -53,7 +56,8 @@ def _learner_logprobs(prompts, lengths, out, **transform):
   graphdef, params = _model()
   tokens, positions, segment_mask, loss_mask = sampler.join_prompt_completion(
       prompts, lengths, out.tokens, out.lengths)
-  lp = _sequence_logprobs(graphdef, params, tokens, positions, segment_mask, **transform)
+  lp = _sequence_logprobs(graphdef, params, tokens, positions, segment_mask,
+                          core_types.SamplingTransform(**transform))
   idx = np.minimum(np.asarray(lengths)[:, None] + np.arange(_T)[None], lp.shape[1] - 1)
   completion_lp = np.take_along_axis(np.asarray(lp), idx, axis=1)
   mask = np.asarray(sampler.completion_mask(out.lengths, _T))
@@ -119,10 +123,11 @@ class SampleTest(parameterized.TestCase):
     prompts = np.tile(np.array([[3, 1, 4, 1, 5]], np.int32), (n, 1))
     lengths = np.full((n,), 5, np.int32)
     out = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(5),
-                         max_new_tokens=1, temperature=0.8, top_k=3)
+                         max_new_tokens=1,
+                         transform=core_types.SamplingTransform(temperature=0.8, top_k=3))
     logits, _ = transformer.apply(graphdef, params, prompts[:1], jnp.arange(5)[None])
     probs = np.asarray(jax.nn.softmax(logprobs_lib.transform_logits(
-        logits[0, -1], temperature=0.8, top_k=3)))
+        logits[0, -1], core_types.SamplingTransform(temperature=0.8, top_k=3))))
     freq = np.bincount(np.asarray(out.tokens[:, 0]), minlength=_CONFIG.vocab_size) / n
     self.assertEqual(set(np.flatnonzero(freq)), set(np.flatnonzero(probs > 0)) & set(
         np.flatnonzero(freq)))

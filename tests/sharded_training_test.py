@@ -18,6 +18,7 @@ import numpy as np
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
@@ -84,7 +85,7 @@ def _reference():
   tx = learner.make_optimizer(cfg.optim)
   step = learner.make_update_step(graphdef, cfg, tx)
   state = learner.init_state(params, tx, 0)
-  batch = learner.to_device_batch(_batch())
+  batch = core_types.UpdateBatch(**_batch())
   metrics = []
   for _ in range(2):
     state, m = step(state, batch, ref_params)
@@ -135,8 +136,8 @@ class ShardedTrainingTest(parameterized.TestCase):
     state = jax.device_put(learner.init_state(params, tx, 0), shardings.state)
     step = learner.make_update_step(graphdef, cfg, tx, shardings=shardings)
     ref = placement.device_put_params(ref_params, sm)
-    batch = parallel.put_batch(learner.to_device_batch(_batch()), mesh)
-    self.assertEqual(batch["tokens"].sharding.spec, parallel.batch_sharding(mesh, (N, T)).spec)
+    batch = parallel.put_batch(core_types.UpdateBatch(**_batch()), mesh)
+    self.assertEqual(batch.tokens.sharding.spec, parallel.batch_sharding(mesh, (N, T)).spec)
     for i in range(3):  # the third step only checks that nothing recompiles
       state, metrics = step(state, batch, ref)
       if i < 2:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
 
 _AXES = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim"}
@@ -51,8 +52,7 @@ def _model(name):
 
 
 _apply = jax.jit(transformer.apply, static_argnums=0)
-_sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=0,
-                             static_argnames=("top_k",))
+_sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=(0, 5))
 
 
 def _positions(n, t):
@@ -208,16 +208,16 @@ class ApplyTest(parameterized.TestCase):
 
 class SequenceLogprobsTest(parameterized.TestCase):
 
-  def test_alignment(self, temperature=0.6, top_k=5, top_p=0.9):
+  def test_alignment(self):
+    transform = core_types.SamplingTransform(temperature=0.6, top_k=5, top_p=0.9)
     config, graphdef, params = _model("untied_bias_mha")
     tokens = np.random.RandomState(8).randint(0, config.vocab_size, (2, 7)).astype(np.int32)
     mask = jnp.array([[True] * 7, [True] * 5 + [False] * 2])
     lp = _sequence_logprobs(graphdef, params, tokens, _positions(2, 7), mask,
-                            temperature=temperature, top_k=top_k, top_p=top_p)
+                            transform)
     chex.assert_shape(lp, (2, 7))
     logits, _ = _apply(graphdef, params, tokens, _positions(2, 7), segment_mask=mask)
-    x = logprobs_lib.transform_logits(logits[:, :-1], temperature=temperature, top_k=top_k,
-                                      top_p=top_p)
+    x = logprobs_lib.transform_logits(logits[:, :-1], transform)
     expected = np.take_along_axis(np.asarray(jax.nn.log_softmax(x)),
                                   np.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]
     expected = np.concatenate([np.zeros((2, 1)), expected], axis=1)

@@ -224,7 +224,7 @@ class WorkflowTest(parameterized.TestCase):
                     "'a'->'a'\n[1,2],3->[1]\n[[1]]->[[1]]</tests>"]   # str sorts to list; arity
 
   def test_tests_reward_counts_new_agreeing_tests(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_tests=3,
+    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_agent_tests=3,
                                                    min_test_input_len=0), self.pool)
     _, results, _ = self._run([_sort_task()] * 4, {
         "code": ["sorted(x)</code>"] * 4, "tests": self._TESTS_OUTPUTS}, wf)
@@ -232,7 +232,7 @@ class WorkflowTest(parameterized.TestCase):
 
   def test_trivial_tests_earn_nothing(self):
     """Tests on empty or one-element inputs agree with most references: no free reward."""
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_tests=3),
+    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_agent_tests=3),
                            self.pool)
     _, results, _ = self._run([_sort_task()] * 5, {
         "code": ["sorted(x)</code>"] * 5,
@@ -312,8 +312,8 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(opening.count("<code>"), 0)
     self.assertTrue(opening.endswith("</obs><debug>"))
 
-  def test_score_stages_off(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(score_stages=False), self.pool)
+  def test_stage_rewards_off(self):
+    wf = workflow.Workflow(workflow.WorkflowConfig(stage_rewards=False), self.pool)
     task = _sort_task()
     outputs = {s.stage: [s.output] for s in wf.reference_segments(task)}
     _, results, final = self._run([task], outputs, wf)
@@ -375,7 +375,7 @@ class WorkflowTest(parameterized.TestCase):
       ("no_code", dict(stages=("hypothesis",)), "include 'code'"),
       ("order", dict(stages=("tests", "code")), "after 'code'"),
       ("rounds", dict(max_debug_rounds=-1), "max_debug_rounds"),
-      ("num_tests", dict(num_tests=0), "num_tests"),
+      ("num_tests", dict(num_agent_tests=0), "num_agent_tests"),
       ("ref_debug", dict(reference_debug="fix"), "reference_debug"),
   )
   def test_config_validation(self, kwargs, message):
@@ -383,7 +383,7 @@ class WorkflowTest(parameterized.TestCase):
       workflow.WorkflowConfig(**kwargs)
 
   def test_config_from_mapping(self):
-    cfg = workflow.WorkflowConfig.from_mapping({"stages": ["code", "debug"], "num_tests": 3})
+    cfg = workflow.WorkflowConfig.from_mapping({"stages": ["code", "debug"], "num_agent_tests": 3})
     self.assertEqual(cfg.stages, ("code", "debug"))
     with self.assertRaisesRegex(ValueError, "unknown workflow config keys"):
       workflow.WorkflowConfig.from_mapping({"stage": ("code",)})

@@ -46,7 +46,7 @@ stage's sandbox work is one `SandboxPool.map` call over all episodes):
     final = wf.finish(episodes)                    # FinalResult: rewards [N]
 
 Outcome-only GRPO runs the same workflow and ignores the stage rewards (or sets
-`score_stages=False` to skip their sandbox runs). `reference_segments(task)` gives the ideal
+`stage_rewards=False` to skip their sandbox runs). `reference_segments(task)` gives the ideal
 episode (for the supervised warm start) without running anything.
 """
 
@@ -81,6 +81,7 @@ FINAL = "final"
 FRACTION = "fraction"
 ALL_PASS = "all_pass"
 REWARD_MODES = (FRACTION, ALL_PASS)
+REFERENCE_DEBUG = (KEEP, "restate")
 _MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
 # The file name model outputs are parsed under: the compiler's SyntaxWarnings about them
 # (`1if x else y`: "invalid decimal literal") say nothing about the run and are not shown.
@@ -95,17 +96,19 @@ class ParseError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class WorkflowConfig:
-  """Which stages run and how they are rendered.
+  """Which stages run, how they are rendered and rewarded: the run config's `workflow` section.
 
   Attributes:
     stages: stage kinds in order, from `STAGE_KINDS`; `debug` expands into
       `max_debug_rounds` stages named `debug_1`, `debug_2`, ...
     max_debug_rounds: debug rounds (>= 0; 0 drops the debug stages).
-    num_tests: k, the number of new tests the tests stage asks for.
+    num_agent_tests: k, the number of new tests the tests stage asks for.
     max_obs_chars: observations are cut to this many characters (whole lines).
     max_value_chars: a value shown in an observation is cut to this many characters.
-    score_stages: compute stage rewards (False skips their sandbox runs; rewards are then 0
-      with `valid=False`; the final reward is always computed).
+    stage_rewards: score every stage on completion. False is outcome-only GRPO: the same
+      episodes, updated only once the final reward is known; the workflow then skips the stage
+      rewards' sandbox runs (rewards 0 with `valid=False`; the final reward is always computed).
+    max_new_tokens: bound on every stage's generation (tokens).
     reference_debug: what the reference episode's debug stages output: `keep` or `restate`
       (repeat the reference code).
     min_test_input_len: an agent-written test earns reward only if every list, tuple or string
@@ -122,47 +125,56 @@ class WorkflowConfig:
       of its failures and the reference code as the fix. Needs a debug stage; tasks without a
       near miss (not synthetic) keep the plain reference episode. So the warm-start shows what
       debugging is for, not only `keep` after passing code.
+
+  Raises:
+    ValueError: at construction, naming the first bad field (`config.workflow.<field>`).
   """
   stages: tuple[str, ...] = ("hypothesis", "code", "tests", "debug")
   max_debug_rounds: int = 1
-  num_tests: int = 2
+  num_agent_tests: int = 2
   max_obs_chars: int = 120
   max_value_chars: int = 32
-  score_stages: bool = True
+  stage_rewards: bool = True
+  max_new_tokens: int = 64
   reference_debug: str = KEEP
   min_test_input_len: int = 2
   reward_mode: str = FRACTION
   reference_fix_fraction: float = 0.0
 
   def __post_init__(self):
-    stages = tuple(self.stages)
-    object.__setattr__(self, "stages", stages)
-    bad = [s for s in stages if s not in STAGE_KINDS]
-    if bad or not stages or len(set(stages)) != len(stages):
-      raise ValueError(f"stages must be distinct kinds from {STAGE_KINDS}, got {stages}")
-    if "code" not in stages:
-      raise ValueError(f"stages must include 'code' (the final reward needs code), got {stages}")
+    object.__setattr__(self, "stages", tuple(self.stages))
+    self.validate("workflow")
+
+  def validate(self, path: str) -> None:
+    """Checks every field; errors name `config.<path>.<field>`.
+
+    Raises:
+      ValueError: naming the first bad field and its value.
+    """
+    def check(cond, name, msg, value):
+      if not cond:
+        raise ValueError(f"config.{path}.{name} {msg}, got {value!r}")
+
+    stages = self.stages
+    check(stages and not [s for s in stages if s not in STAGE_KINDS]
+          and len(set(stages)) == len(stages), "stages",
+          f"must be distinct stage kinds from {STAGE_KINDS}", stages)
+    check("code" in stages, "stages", "must include 'code' (the final reward needs code)",
+          stages)
     for later in ("tests", "debug"):
-      if later in stages and stages.index(later) < stages.index("code"):
-        raise ValueError(f"stage {later!r} must come after 'code', got {stages}")
-    if not isinstance(self.max_debug_rounds, int) or self.max_debug_rounds < 0:
-      raise ValueError(f"max_debug_rounds must be an int >= 0, got {self.max_debug_rounds!r}")
-    if not isinstance(self.num_tests, int) or self.num_tests < 1:
-      raise ValueError(f"num_tests must be an int >= 1, got {self.num_tests!r}")
-    if self.max_obs_chars < 8 or self.max_value_chars < 4:
-      raise ValueError(f"max_obs_chars must be >= 8 and max_value_chars >= 4, got "
-                       f"{self.max_obs_chars}, {self.max_value_chars}")
-    if not isinstance(self.min_test_input_len, int) or self.min_test_input_len < 0:
-      raise ValueError(f"min_test_input_len must be an int >= 0, got "
-                       f"{self.min_test_input_len!r}")
-    if self.reward_mode not in REWARD_MODES:
-      raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
-    if not 0.0 <= self.reference_fix_fraction <= 1.0:
-      raise ValueError(f"reference_fix_fraction must be in [0, 1], got "
-                       f"{self.reference_fix_fraction!r}")
-    if self.reference_debug not in (KEEP, "restate"):
-      raise ValueError(f"reference_debug must be 'keep' or 'restate', got "
-                       f"{self.reference_debug!r}")
+      check(later not in stages or stages.index(later) > stages.index("code"), "stages",
+            f"must have {later!r} after 'code'", stages)
+    for name, low in (("max_debug_rounds", 0), ("num_agent_tests", 1), ("max_obs_chars", 8),
+                      ("max_value_chars", 4), ("max_new_tokens", 1), ("min_test_input_len", 0)):
+      value = getattr(self, name)
+      check(isinstance(value, int) and not isinstance(value, bool) and value >= low, name,
+            f"must be an int >= {low}", value)
+    check(self.reward_mode in REWARD_MODES, "reward_mode", f"must be one of {REWARD_MODES}",
+          self.reward_mode)
+    check(self.reference_debug in REFERENCE_DEBUG, "reference_debug",
+          f"must be one of {REFERENCE_DEBUG}", self.reference_debug)
+    check(0.0 <= self.reference_fix_fraction <= 1.0, "reference_fix_fraction",
+          "must be in [0, 1]", self.reference_fix_fraction)
 
   @classmethod
   def from_mapping(cls, cfg: Mapping[str, Any]) -> "WorkflowConfig":
@@ -539,7 +551,7 @@ class TestsStage(Stage):
   def parse(self, body, episode):
     if len(body) > _MAX_OUTPUT_CHARS:
       raise ParseError("tests too long")
-    lines = [l for l in body.split("\n") if l.strip()][:self.config.num_tests]
+    lines = [l for l in body.split("\n") if l.strip()][:self.config.num_agent_tests]
     tests = []
     for line in lines:
       try:
@@ -555,7 +567,7 @@ class TestsStage(Stage):
     episode.verified_tests = ()
 
   def score(self, episodes, parsed, pool, guard):
-    k = self.config.num_tests
+    k = self.config.num_agent_tests
     candidates = []  # per episode: the tests worth checking against the reference
     programs = []
     for ep, tests in zip(episodes, parsed):
@@ -605,7 +617,7 @@ class TestsStage(Stage):
         continue
       if not _is_copy(ex, task.public_examples) and not _is_copy(ex, chosen):
         chosen.append(ex)
-      if len(chosen) == self.config.num_tests:
+      if len(chosen) == self.config.num_agent_tests:
         break
     return "\n".join(task_lib.format_example(e) for e in chosen)
 
@@ -834,7 +846,7 @@ class Workflow:
       if p is not _UNPARSED:
         guard(lambda ep=ep, p=p: stage.apply(ep, p), None)
     n = len(episodes)
-    if self.config.score_stages:
+    if self.config.stage_rewards:
       try:
         scores = stage.score(episodes, parsed, self.pool, guard)
         if len(scores) != n:

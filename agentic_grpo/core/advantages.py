@@ -19,6 +19,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from agentic_grpo.core import types as core_types
+
 SCALES = ("std", "none")
 TARGET_MODES = ("outcome", "return", "mixed")
 BASELINES = ("none", "previous_stage")
@@ -26,11 +28,6 @@ BASELINES = ("none", "previous_stage")
 # A group whose rewards span less than this many ulps (of the input dtype, relative to the
 # rewards' magnitude) counts as all-equal and gets advantage exactly 0.
 _EQUAL_ULPS = 8.0
-
-
-def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def _check_valid(valid: Optional[jax.Array], shape: tuple[int, ...], name: str = "valid"):
@@ -74,7 +71,7 @@ def group_advantages(
     ValueError: for a non-float or scalar `rewards`, a `valid` of another shape or dtype, an
       unknown `scale`, or a non-positive `eps`.
   """
-  _check_option("scale", scale, SCALES)
+  core_types.check_choice("scale", scale, SCALES)
   rewards = jnp.asarray(rewards)
   if rewards.ndim < 1:
     raise ValueError(f"rewards must have a group axis, got shape {tuple(rewards.shape)}")
@@ -158,7 +155,7 @@ def stage_baselines(stage_rewards: jax.Array, valid: jax.Array, baseline: str) -
   Raises:
     ValueError: for an unknown `baseline`.
   """
-  _check_option("baseline", baseline, BASELINES)
+  core_types.check_choice("baseline", baseline, BASELINES)
   r = jnp.where(valid, stage_rewards.astype(jnp.float32), 0.0)
   if baseline == "none":
     return jnp.zeros_like(r)
@@ -187,7 +184,7 @@ def provisional_advantages(
   Raises:
     ValueError: for shapes other than the above or an unknown `scale`.
   """
-  _check_option("scale", scale, SCALES)
+  core_types.check_choice("scale", scale, SCALES)
   stage_rewards, _, valid = _check_staged(stage_rewards, None, valid)
   values = stage_rewards - stage_baselines(stage_rewards, valid, baseline)
   return _per_stage(values, valid, scale)
@@ -248,8 +245,8 @@ def target_advantages(
     ValueError: for an unknown `mode`/`scale`/`baseline`, `gamma` outside [0, 1], or mismatched
       shapes.
   """
-  _check_option("mode", mode, TARGET_MODES)
-  _check_option("scale", scale, SCALES)
+  core_types.check_choice("mode", mode, TARGET_MODES)
+  core_types.check_choice("scale", scale, SCALES)
   if isinstance(gamma, (int, float)) and not 0.0 <= gamma <= 1.0:  # Traced values pass.
     raise ValueError(f"gamma must be in [0, 1], got {gamma}")
   stage_rewards, final_rewards, valid = _check_staged(stage_rewards, final_rewards, valid)

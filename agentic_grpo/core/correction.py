@@ -11,6 +11,8 @@ off-policy corrections (as in asynchronous RL systems, e.g. AReaL, Fu et al., 20
 import jax
 import jax.numpy as jnp
 
+from agentic_grpo.core import types as core_types
+
 STALENESS_MODES = ("drop", "linear")
 
 
@@ -65,8 +67,7 @@ def staleness_weights(
   Raises:
     ValueError: for an unknown `mode`, a negative `max_staleness`, or non-integer versions.
   """
-  if mode not in STALENESS_MODES:
-    raise ValueError(f"mode must be one of {STALENESS_MODES}, got {mode!r}")
+  core_types.check_choice("mode", mode, STALENESS_MODES)
   if int(max_staleness) != max_staleness or not 0 <= max_staleness < 2**31:
     raise ValueError(f"max_staleness must be an int in [0, 2^31), got {max_staleness!r}")
   segment_versions = jnp.asarray(segment_versions)

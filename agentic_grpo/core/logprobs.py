@@ -15,63 +15,50 @@ log-prob of a token the current policy would never sample is a large negative
 number with a finite (zero) gradient instead of `-inf`/NaN.
 """
 
-from typing import Union
-
 import jax
 import jax.numpy as jnp
+
+from agentic_grpo.core import types as core_types
 
 # Logit given to entries removed by top-k / top-p. Finite so that gradients and
 # differences of log-probs stay finite; exp(MASKED_LOGIT - x) underflows to 0.
 MASKED_LOGIT = -1e30
 
-Scalar = Union[float, jax.Array]
-
-
-def _check_static(temperature, top_k, top_p):
-  """Validates the parts of the transform that are Python numbers."""
-  if isinstance(temperature, (int, float)) and not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature!r}")
-  if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-    raise ValueError(f"top_k must be a non-negative int (0 disables), got {top_k!r}")
-  if isinstance(top_p, (int, float)) and not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-
 
 def transform_logits(
     logits: jax.Array,
-    *,
-    temperature: Scalar = 1.0,
-    top_k: int = 0,
-    top_p: Scalar = 1.0,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
 ) -> jax.Array:
   """Applies temperature, top-k and top-p to logits.
 
   Args:
     logits: `[..., V]` float logits (any float dtype; computed in float32).
-    temperature: positive scalar; logits are divided by it. A Python number or
-      a traced float32 scalar (a traced value does not cause recompilation).
-    top_k: static int; keep the `top_k` largest entries per row (ties at the
-      k-th value are all kept). 0 disables.
-    top_p: scalar in (0, 1]; keep the smallest set of largest-probability
-      entries whose total probability reaches `top_p` (computed on the
-      temperature-scaled, top-k filtered distribution; the most likely entry is
-      always kept, ties at the threshold are all kept). A Python `1.0` disables
-      the filter at trace time; a traced value is always applied.
+    transform: the `SamplingTransform` (validated when it was built):
+      * `temperature`: logits are divided by it; a Python number or a traced
+        float32 scalar (a traced value does not cause recompilation).
+      * `top_k`: keep the `top_k` largest entries per row (ties at the k-th
+        value are all kept); 0 disables.
+      * `top_p`: keep the smallest set of largest-probability entries whose
+        total probability reaches `top_p` (computed on the temperature-scaled,
+        top-k filtered distribution; the most likely entry is always kept, ties
+        at the threshold are all kept). A Python `1.0` disables the filter at
+        trace time; a traced value is always applied.
 
   Returns:
     `[..., V]` float32 logits; removed entries are `MASKED_LOGIT`.
 
   Raises:
-    ValueError: `temperature <= 0`, `top_k` not a non-negative int, or `top_p`
-      outside (0, 1] (checked when they are Python numbers).
+    ValueError: if `transform` is not a `SamplingTransform`.
   """
-  _check_static(temperature, top_k, top_p)
-  x = jnp.asarray(logits, jnp.float32) / jnp.asarray(temperature, jnp.float32)
+  if not isinstance(transform, core_types.SamplingTransform):
+    raise ValueError(f"transform must be a SamplingTransform, got {type(transform).__name__}")
+  top_k, top_p = transform.top_k, transform.top_p
+  x = jnp.asarray(logits, jnp.float32) / jnp.asarray(transform.temperature, jnp.float32)
   vocab = x.shape[-1]
   if 0 < top_k < vocab:
     kth = jax.lax.top_k(x, top_k)[0][..., -1:]
     x = jnp.where(x >= kth, x, MASKED_LOGIT)
-  if not (isinstance(top_p, (int, float)) and top_p >= 1.0):
+  if transform.uses_top_p:
     sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
     probs = jax.nn.softmax(sorted_x, axis=-1)
     # Mass strictly before each sorted entry; entry i is kept while it is < p.
@@ -86,10 +73,7 @@ def transform_logits(
 def token_logprobs(
     logits: jax.Array,
     targets: jax.Array,
-    *,
-    temperature: Scalar = 1.0,
-    top_k: int = 0,
-    top_p: Scalar = 1.0,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
 ) -> jax.Array:
   """Log-probability of `targets` under the transformed distribution.
 
@@ -99,20 +83,20 @@ def token_logprobs(
   Args:
     logits: `[..., V]` float logits.
     targets: `[...]` int token ids in `[0, V)`.
-    temperature, top_k, top_p: the sampling transform, see `transform_logits`.
+    transform: the sampling transform, see `transform_logits`.
 
   Returns:
     `[...]` float32 log-probs; a token removed by top-k/top-p gets about
     `MASKED_LOGIT` (a huge negative, finite number).
 
   Raises:
-    ValueError: if `targets.shape != logits.shape[:-1]`, or a transform
-      argument is invalid (see `transform_logits`).
+    ValueError: if `targets.shape != logits.shape[:-1]`, or `transform` is not
+      a `SamplingTransform`.
   """
   if tuple(targets.shape) != tuple(logits.shape[:-1]):
     raise ValueError(
         f"targets shape {tuple(targets.shape)} must equal logits.shape[:-1] "
         f"{tuple(logits.shape[:-1])}")
-  x = transform_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  x = transform_logits(logits, transform)
   logp = jax.nn.log_softmax(x, axis=-1)
   return jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]

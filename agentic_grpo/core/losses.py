@@ -24,6 +24,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from agentic_grpo.core import types as core_types
+
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIO_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -35,9 +37,24 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_LOG_RATIO = 20.0
 
 
-def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+def segments_additive(ratio_level: str, aggregation: str) -> bool:
+  """Whether `policy_loss` of a row is the sum of its segments' losses as rows of their own.
+
+  Then an episode's segments may be packed into one row (the row of the last segment, the
+  earlier ones its prefixes) without changing the loss or its gradient. It holds for the token
+  ratio with `token_mean` or `seq_mean_token_sum_norm` (per-token terms over a constant or
+  token-count normaliser). It fails for:
+    * `ratio_level="sequence"`: GSPO's ratio `s_n` is a mean over the row's loss tokens, so a
+      packed row gives every segment the ratio of the whole episode; a later stage that moved
+      the ratio out of the clip range zeroes the gradient of an unchanged earlier stage;
+    * `aggregation="seq_mean_token_mean"`: each row is weighted by its own token count.
+
+  Raises:
+    ValueError: for an unknown `ratio_level` or `aggregation`.
+  """
+  core_types.check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+  core_types.check_choice("aggregation", aggregation, AGGREGATIONS)
+  return ratio_level == "token" and aggregation != "seq_mean_token_mean"
 
 
 def _check_2d(name: str, x, shape=None) -> jax.Array:
@@ -86,7 +103,7 @@ def aggregate_denominator(loss_mask: jax.Array, mode: str,
   Raises:
     ValueError: for an unknown `mode`, a bad `loss_mask`, or a missing `max_tokens`.
   """
-  _check_option("mode", mode, AGGREGATIONS)
+  core_types.check_choice("mode", mode, AGGREGATIONS)
   loss_mask = _check_mask(loss_mask, None)
   if mode == "token_mean":
     return loss_mask.sum().astype(jnp.float32)
@@ -127,7 +144,7 @@ def aggregate(
     ValueError: for an unknown `mode`, mismatched shapes, a non-bool mask, or a missing
       `max_tokens` for `seq_mean_token_sum_norm`.
   """
-  _check_option("mode", mode, AGGREGATIONS)
+  core_types.check_choice("mode", mode, AGGREGATIONS)
   values = _check_2d("values", values)
   loss_mask = _check_mask(loss_mask, values.shape)
   sample_weights = _check_sample_weights(sample_weights, values.shape[0])
@@ -201,8 +218,8 @@ def policy_loss(
     ValueError: for mismatched shapes, a non-bool mask, unknown options, clip ranges out of
       bounds, or a `dual_clip` that is neither 0 nor > 1.
   """
-  _check_option("ratio_level", ratio_level, RATIO_LEVELS)
-  _check_option("aggregation", aggregation, AGGREGATIONS)
+  core_types.check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+  core_types.check_choice("aggregation", aggregation, AGGREGATIONS)
   if not 0.0 <= eps_low < 1.0:
     raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
   if not eps_high >= 0.0:
@@ -279,7 +296,7 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, *, estimator: str =
   Raises:
     ValueError: for mismatched shapes or an unknown estimator.
   """
-  _check_option("estimator", estimator, KL_ESTIMATORS)
+  core_types.check_choice("estimator", estimator, KL_ESTIMATORS)
   logprobs = _check_2d("logprobs", logprobs)
   ref_logprobs = _check_2d("ref_logprobs", ref_logprobs, logprobs.shape)
   log_r = jax.lax.stop_gradient(ref_logprobs).astype(jnp.float32) - logprobs.astype(jnp.float32)

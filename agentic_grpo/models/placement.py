@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentic_grpo import parallel
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
 
 
@@ -208,8 +209,10 @@ def kv_cache_shardings(model_config: transformer.ModelConfig, mesh: parallel.Mes
                              index=NamedSharding(mesh, P()))
 
 
-def jit_sequence_logprobs(sharded: ShardedModel, *, temperature=1.0, top_k: int = 0,
-                          top_p=1.0) -> Callable[..., jax.Array]:
+def jit_sequence_logprobs(
+    sharded: ShardedModel,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
+) -> Callable[..., jax.Array]:
   """`transformer.sequence_logprobs` jitted over the mesh.
 
   Returns:
@@ -224,8 +227,7 @@ def jit_sequence_logprobs(sharded: ShardedModel, *, temperature=1.0, top_k: int 
 
   def fn(params, tokens, positions, segment_mask):
     return transformer.sequence_logprobs(
-        sharded.graphdef, params, tokens, positions, segment_mask,
-        temperature=temperature, top_k=top_k, top_p=top_p)
+        sharded.graphdef, params, tokens, positions, segment_mask, transform)
 
   jitted = jax.jit(fn, in_shardings=(sharded.param_shardings, rows, rows, rows),
                    out_shardings=rows)

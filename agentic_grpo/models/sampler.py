@@ -43,6 +43,7 @@ import numpy as np
 
 from agentic_grpo import parallel
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 
@@ -271,6 +272,8 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   config = nnx.merge(graphdef, params).config
   n, p = prompts.shape
   t_max = max_new_tokens
+  # `temperature` and `top_p` traced, `top_k` and whether top-p is on static.
+  transform = core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0)
 
   def place(cache):
     if cache_shardings is None:
@@ -291,8 +294,7 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
 
   def step(i, logits_i, state):
     out_tokens, out_lp, history, done, lengths, finish = state
-    x = logprobs_lib.transform_logits(logits_i, temperature=temperature, top_k=top_k,
-                                      top_p=top_p if use_top_p else 1.0)
+    x = logprobs_lib.transform_logits(logits_i, transform)
     if greedy:
       tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
     else:
@@ -368,9 +370,7 @@ def sample(
     rng: jax.Array,
     *,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
     greedy: bool = False,
     stop_token_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]], np.ndarray]] = None,
     stop_sequences: Optional[Sequence] = None,
@@ -387,9 +387,9 @@ def sample(
     prompt_lengths: `[N]` int, each in `[1, P]`.
     rng: a `jax.random` key; split into one key per row, folded with the step.
     max_new_tokens: static, tokens to generate at most (the output width T).
-    temperature: > 0; scales logits for sampling and for the log-probs.
-    top_k: static int, 0 disables.
-    top_p: in (0, 1]; 1 disables.
+    transform: the `SamplingTransform` tokens are drawn under and their
+      log-probs recorded under; its `top_k` (and whether `top_p < 1`) is
+      static, its `temperature` and `top_p` values are traced.
     greedy: take the argmax instead of sampling; log-probs are still those of
       the transformed distribution.
     stop_token_ids: ids that end a row: `[K]` for all rows, or `N` per-row
@@ -416,8 +416,8 @@ def sample(
   Raises:
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
       tokens longer than the model's `max_seq_len`, non-positive
-      `max_new_tokens` or `temperature`, bad `top_k`/`top_p`, or stop ids
-      outside the vocabulary.
+      `max_new_tokens`, a `transform` that is not a `SamplingTransform`, or
+      stop ids outside the vocabulary.
   """
   prompts = np.asarray(prompts)
   prompt_lengths = np.asarray(prompt_lengths)
@@ -430,8 +430,9 @@ def sample(
     raise ValueError(f"prompt_lengths must be in [1, {width}], got {prompt_lengths.tolist()}")
   if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-  logprobs_lib.transform_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k,
-                                top_p=top_p)  # validates the transform arguments
+  if not isinstance(transform, core_types.SamplingTransform):
+    raise ValueError(f"transform must be a SamplingTransform, got {type(transform).__name__}")
+  temperature, top_k, top_p = transform.temperature, transform.top_k, transform.top_p
   config = nnx.merge(graphdef, params).config
   longest = int(prompt_lengths.max())
   if longest + max_new_tokens > config.max_seq_len:

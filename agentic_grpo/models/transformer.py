@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import types as core_types
 
 # Finite "minus infinity" for masked attention scores: a fully masked query row
 # gets uniform attention instead of NaN.
@@ -553,10 +554,7 @@ def sequence_logprobs(
     tokens: jax.Array,
     positions: jax.Array,
     segment_mask: Optional[jax.Array],
-    *,
-    temperature=1.0,
-    top_k: int = 0,
-    top_p=1.0,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
 ) -> jax.Array:
   """Per-token log-probs of a token row under the sampling transform.
 
@@ -569,8 +567,7 @@ def sequence_logprobs(
     tokens: `[N, T]` int32.
     positions: `[N, T]` int32.
     segment_mask: `[N, T]` bool or None (all valid).
-    temperature, top_k, top_p: sampling transform, see
-      `core.logprobs.transform_logits`.
+    transform: the sampling transform, see `core.logprobs.transform_logits`.
 
   Returns:
     `[N, T]` float32.
@@ -580,7 +577,7 @@ def sequence_logprobs(
   """
   logits, _ = apply(graphdef, params, tokens, positions, segment_mask=segment_mask)
   lp = logprobs_lib.token_logprobs(logits[:, :-1], tokens[:, 1:].astype(jnp.int32),
-                                   temperature=temperature, top_k=top_k, top_p=top_p)
+                                   transform)
   lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
   if segment_mask is not None:
     lp = jnp.where(segment_mask, lp, 0.0)

@@ -49,6 +49,7 @@ from agentic_grpo.tasks import task as task_lib
 LIST, INT, STR = "L", "I", "S"
 TYPE_NAMES = {LIST: "list[int]", INT: "int", STR: "str"}
 SPLITS = ("train", "validation", "test")
+SPLIT_BY = ("task", "program")
 ENTRY_POINT = "f"
 PARAM = "x"
 
@@ -409,8 +410,8 @@ class SyntheticConfig:
         or abs(sum(self.split_fractions) - 1.0) > 1e-9):
       raise ValueError(f"split_fractions must be 3 positive shares summing to 1, "
                        f"got {self.split_fractions}")
-    if self.split_by not in ("program", "task"):
-      raise ValueError(f"split_by must be 'program' or 'task', got {self.split_by!r}")
+    if self.split_by not in SPLIT_BY:
+      raise ValueError(f"split_by must be one of {SPLIT_BY}, got {self.split_by!r}")
     if self.public_attempts < 1 or self.separation_pool < max(self.num_public):
       raise ValueError(f"public_attempts must be >= 1 and separation_pool >= max(num_public), "
                        f"got {self.public_attempts}, {self.separation_pool}")
@@ -431,7 +432,7 @@ def split_key(task: task_lib.Task, split_by: str = "task") -> str:
     if "program" not in task.metadata:
       raise ValueError(f"task {task.task_id!r} has no synthetic program in its metadata")
     return task.metadata["program"]
-  raise ValueError(f"split_by must be 'program' or 'task', got {split_by!r}")
+  raise ValueError(f"split_by must be one of {SPLIT_BY}, got {split_by!r}")
 
 
 def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
