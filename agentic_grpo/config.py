@@ -27,6 +27,7 @@ from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import correction as correction_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
+from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
@@ -84,7 +85,8 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-  """Task source. `synthetic` is the embedded default (`tasks.synthetic`).
+  """Task source, by name from `tasks.sources.TASK_SOURCES`; `synthetic` (`tasks.synthetic`)
+  is the embedded default.
 
   `train_size` > 0 makes the training stream a finite pool of that many train-split tasks,
   visited in a fresh seeded order every epoch; 0 streams new tasks without end.
@@ -94,7 +96,7 @@ class TaskSection:
   out.
 
   Attributes:
-    source: task source; only `synthetic`.
+    source: task source, registered in `tasks.sources.TASK_SOURCES` (`synthetic`).
     seed: seed of the synthetic task generator.
     depths: program composition depths drawn from.
     string_prob: probability of a string-typed task, in [0, 1].
@@ -117,7 +119,7 @@ class TaskSection:
   eval_size: int = 64
 
   def validate(self, path: str) -> None:
-    _choice(f"{path}.source", self.source, ("synthetic",))
+    _choice(f"{path}.source", self.source, sources.TASK_SOURCES.names())
     _check(len(self.depths) > 0 and min(self.depths) >= 1, f"{path}.depths",
            "must be non-empty and >= 1", self.depths)
     _check(0.0 <= self.string_prob <= 1.0, f"{path}.string_prob", "must be in [0, 1]",

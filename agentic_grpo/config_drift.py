@@ -27,7 +27,7 @@ FIXED = frozenset({
     "model.head_dim", "model.mlp_dim", "model.max_seq_len",
     "task.source", "task.seed", "task.depths", "task.string_prob", "task.ambiguity_target",
     "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",
-    "workflow.stages", "workflow.max_debug_rounds", "workflow.reference_debug",
+    "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
     "workflow.reward_mode", "workflow.reference_fix_fraction", "workflow.num_agent_tests",
     "workflow.stage_rewards", "workflow.max_new_tokens", "workflow.max_obs_chars",
     "workflow.max_value_chars", "workflow.min_test_input_len",

@@ -3,7 +3,7 @@
 Phases (DESIGN.md §1, §3):
 
 1. **Warm-start** (`warmstart.steps` > 0): token cross-entropy on reference episodes of training
-   tasks (`Workflow.reference_segments`), so that a small model from scratch writes well-formed
+   tasks (`references.reference_segments`), so that a small model from scratch writes well-formed
    stages. Its final parameters are also the frozen reference policy of the KL term.
 2. **Agentic GRPO** (`rl.num_steps` learner updates): `agent.loop.AgentLoop` keeps
    `rl.batches_in_flight` episode batches in flight and feeds `replay.StagedReplay`; the learner
@@ -59,7 +59,10 @@ from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
+from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import stages as stages_lib
+from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
@@ -67,7 +70,7 @@ from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
-from agentic_grpo.tasks import synthetic
+from agentic_grpo.tasks import sources
 
 # Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
 _TAG = re.compile(r"[-\w./]+")
@@ -136,10 +139,10 @@ class Components:
   tokenizer: Any
   model_config: transformer.ModelConfig
   graphdef: Any
-  tasks: synthetic.SyntheticTasks
+  tasks: sources.TaskSource
   eval_tasks: list  # this process's share of the held-out tasks (all of them in one process)
   pool: Any
-  counting_pool: loop_lib.CountingPool
+  counting_pool: streams.CountingPool
   workflow_factory: Callable[[], workflow_lib.Workflow]
   make_workflow: Callable[..., workflow_lib.Workflow]
   num_stages: int
@@ -169,10 +172,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
     raise ValueError(f"config.model.max_seq_len must be >= rl.buckets[-1] + "
                      f"workflow.max_new_tokens = {needed}, got {model_config.max_seq_len}")
   graphdef, _ = transformer.abstract_model(model_config)
-  tasks = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
-      seed=cfg.task.seed, depths=cfg.task.depths, string_prob=cfg.task.string_prob,
-      ambiguity_target=cfg.task.ambiguity_target, num_hidden=cfg.task.num_hidden,
-      split_by=cfg.task.split_by))
+  tasks = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task)
   share = parallel.process_slice(cfg.task.eval_size)
   eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
   if pool is None:
@@ -180,7 +180,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
         cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
         memory_bytes=cfg.sandbox.memory_mb * 2**20),
         isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
-  counting = loop_lib.CountingPool(pool)
+  counting = streams.CountingPool(pool)
   cls = workflow_factory or workflow_lib.Workflow
   make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool)
   factory = lambda: make(counting)
@@ -206,7 +206,7 @@ def sft_batch(comp: Components, tasks) -> core_types.SFTBatch:
   mask = np.zeros((len(tasks), seq_len), bool)
   for r, task in enumerate(tasks):
     ids, m = [], []
-    for seg in wf.reference_segments(task):
+    for seg in references.reference_segments(wf, task):
       opening, output = tok.encode(seg.opening), tok.encode(seg.output)
       ids += opening + output
       m += [False] * len(opening) + [True] * len(output)
@@ -407,10 +407,10 @@ def evaluate(comp: Components, agent: loop_lib.AgentLoop, params, *, sampled: bo
   """
   cfg = comp.cfg
   t0 = time.time()
-  counting = loop_lib.CountingPool(comp.pool)
+  counting = streams.CountingPool(comp.pool)
   # Hidden-test fractions for `eval/hidden_frac`; pass@1 counts the episodes that pass all.
   factory = lambda: comp.make_workflow(counting, stage_rewards=True,
-                                       reward_mode=workflow_lib.FRACTION)
+                                       reward_mode=stages_lib.FRACTION)
   own = len(comp.eval_tasks)
   width = -(-cfg.task.eval_size // jax.process_count())  # tasks run by every process
   padding = comp.eval_tasks[-1:] or [comp.tasks.task(cfg.task.eval_split, 0)]
@@ -553,9 +553,9 @@ def _run(comp: Components, workdir: str, stop_after: Optional[int]) -> dict[str,
           cfg.loss.ratio_level, cfg.loss.aggregation))
   get_train = lambda i: comp.tasks.task("train", i)
   shard = {"shard_index": jax.process_index(), "shard_count": n_proc}
-  rl_stream = loop_lib.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed,
-                                  **shard)
-  ws_stream = loop_lib.TaskStream(
+  rl_stream = streams.TaskStream(get_train, pool_size=cfg.task.train_size, seed=cfg.seed,
+                                 **shard)
+  ws_stream = streams.TaskStream(
       (lambda i: get_train(i + _WARMSTART_OFFSET)) if not cfg.task.train_size else get_train,
       pool_size=cfg.task.train_size, seed=cfg.seed + 1, **shard)
   agent = loop_lib.AgentLoop(

@@ -17,7 +17,7 @@ code("""import numpy as np
 import jax
 import jax.numpy as jnp
 
-from agentic_grpo.agent import sandbox, workflow
+from agentic_grpo.agent import references, sandbox, workflow
 from agentic_grpo.core import advantages, correction, losses
 from agentic_grpo.tasks import synthetic"""),
 md("""## A task and its reference episode
@@ -43,7 +43,7 @@ print("reference:", task.reference_solution)
 pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits())
 wf = workflow.Workflow(workflow.WorkflowConfig(), pool)
 print(wf.stage_names)
-reference = wf.reference_outputs(task)
+reference = references.reference_outputs(wf, task)
 for name, out in zip(wf.stage_names, reference):
   print(f"{name:>10}: {out!r}")"""),
 md("""## One group of G = 4 episodes

@@ -8,7 +8,10 @@ import numpy as np
 
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
+from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import stages
+from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import synthetic
@@ -53,7 +56,7 @@ class ScriptedSampler:
       k = sum(t in self.closes for t in ctx)
       stage = self.wf.stages[k]
       if i % 2 == 0:
-        body = self.wf.reference_outputs(task)[k]
+        body = references.reference_outputs(self.wf, task)[k]
       elif self.hang_code and stage.kind == "code":
         body = HANG + stage.close_token
       else:
@@ -82,13 +85,13 @@ class LoopTest(absltest.TestCase):
 
   def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
             in_flight=2):
-    counting = loop_lib.CountingPool(self.pool)
+    counting = streams.CountingPool(self.pool)
     factory = lambda: workflow_cls(workflow_lib.WorkflowConfig(stage_rewards=stage_rewards),
                                    counting)
     num_stages = factory().num_stages
     replay = replay_lib.StagedReplay(group_size=G, num_stages=num_stages,
                                      stage_rewards=stage_rewards, skip_zero_advantage=False)
-    stream = loop_lib.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1)
+    stream = streams.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1)
     sampler.tasks_by_prompt = {TASKS.task("train", i).prompt: TASKS.task("train", i)
                                for i in range(5)}
     agent = loop_lib.AgentLoop(
@@ -98,45 +101,12 @@ class LoopTest(absltest.TestCase):
     self.addCleanup(agent.close)
     return agent, replay, counting
 
-  def test_task_stream_epochs(self):
-    stream = loop_lib.TaskStream(lambda i: i, pool_size=4, seed=0)
-    first = stream.take(4)[1]
-    second = stream.take(4)[1]
-    self.assertEqual(sorted(first), [0, 1, 2, 3])
-    self.assertEqual(sorted(second), [0, 1, 2, 3])
-    self.assertEqual(stream.epoch(), 2)
-    again = loop_lib.TaskStream(lambda i: i, pool_size=4, seed=0)
-    again.position = 4  # Resuming exactly at an epoch boundary.
-    self.assertEqual(again.take(4)[1], second)
-    self.assertEqual(again.at([1, 6]), [first[1], second[2]])
-    unlimited = loop_lib.TaskStream(lambda i: i * 10)
-    self.assertEqual(unlimited.take(3), ([0, 1, 2], [0, 10, 20]))
-
-  def test_task_stream_shards_are_disjoint_and_cover_the_stream(self):
-    whole = loop_lib.TaskStream(lambda i: i, pool_size=6, seed=2)
-    want = whole.take(12)
-    shards = [loop_lib.TaskStream(lambda i: i, pool_size=6, seed=2, shard_index=p,
-                                  shard_count=3) for p in range(3)]
-    got = [s.take(2) + s.take(2) for s in shards]  # two takes each: (pos, tasks, pos, tasks)
-    positions = [g[0] + g[2] for g in got]
-    for p, pos in enumerate(positions):
-      self.assertEqual(pos, [p, p + 3, p + 6, p + 9])
-      self.assertEqual(shards[p].position, 4)
-      self.assertEqual(got[p][1] + got[p][3], [want[1][q] for q in pos])
-      self.assertEqual(shards[p].at(pos), got[p][1] + got[p][3])
-    self.assertEqual(sorted(sum(positions, [])), want[0])
-    self.assertEqual([s.epoch() for s in shards], [2, 2, 2])  # 12 of a 6-task pool drawn
-    for kwargs, message in (({"shard_count": 0}, "shard_count"),
-                            ({"shard_index": 2, "shard_count": 2}, "shard_index")):
-      with self.assertRaisesRegex(ValueError, message):
-        loop_lib.TaskStream(lambda i: i, **kwargs)
-
   def test_sharded_loops_draw_disjoint_tasks(self):
     seen = []
     for p in range(2):
       agent, _, _ = self._loop(ScriptedSampler(), in_flight=2)
-      agent.stream = loop_lib.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1,
-                                         shard_index=p, shard_count=2)
+      agent.stream = streams.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1,
+                                        shard_index=p, shard_count=2)
       for _ in range(4):  # starts both batches in flight (B tasks each)
         agent.step(None, 0)
       seen.append([q for slot in agent.slots for q in slot.positions])
@@ -208,14 +178,14 @@ class LoopTest(absltest.TestCase):
                      b_loop.state_dict()[1]["stream_position"])
 
   def test_raising_parser_and_timeouts_are_counted_not_fatal(self):
-    real_parse = workflow_lib.TestsStage.parse
+    real_parse = stages.TestsStage.parse
 
     def flaky_parse(self, body, episode):
       if body.startswith("?"):
         raise RuntimeError("parser bug")
       return real_parse(self, body, episode)
 
-    self.enter_context(mock.patch.object(workflow_lib.TestsStage, "parse", flaky_parse))
+    self.enter_context(mock.patch.object(stages.TestsStage, "parse", flaky_parse))
     agent, replay, counting = self._loop(ScriptedSampler(hang_code=True), in_flight=1)
     metrics = {}
     for _ in range(2 * agent.num_stages + 1):

@@ -1,13 +1,15 @@
-"""Tests for agentic_grpo.agent.workflow, with the real sandbox pool."""
-
-import subprocess
-import sys
+"""Tests for agentic_grpo.agent.workflow (with its stages, references and execution helpers),
+with the real sandbox pool."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from agentic_grpo.agent import execution
+from agentic_grpo.agent import prompts
+from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import stages
 from agentic_grpo.agent import workflow
 from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import humaneval
@@ -72,7 +74,7 @@ class WorkflowTest(parameterized.TestCase):
     # One batch of 64 synthetic tasks: every reference solution passes its own hidden tests in
     # the sandbox, every stage of the ideal episode gets reward 1, and the openings the
     # workflow renders from real runs equal those of `reference_segments`.
-    refs = [self.wf.reference_segments(t) for t in self.synthetic]
+    refs = [references.reference_segments(self.wf, t) for t in self.synthetic]
     outputs = {name: [r[k].output for r in refs] for k, name in enumerate(self.wf.stage_names)}
     episodes, results, final = self._run(self.synthetic, outputs)
     np.testing.assert_array_equal(final.rewards, np.ones(len(self.synthetic)))
@@ -92,7 +94,7 @@ class WorkflowTest(parameterized.TestCase):
     # passes the hidden tests.
     wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=1.0), self.pool)
     tasks = self.synthetic[:16]
-    refs = [wf.reference_segments(t) for t in tasks]
+    refs = [references.reference_segments(wf, t) for t in tasks]
     outputs = {name: [r[k].output for r in refs] for k, name in enumerate(wf.stage_names)}
     episodes, results, final = self._run(tasks, outputs, wf)
     for ep, ref in zip(episodes, refs):
@@ -105,36 +107,38 @@ class WorkflowTest(parameterized.TestCase):
     for r, t in zip(refs, tasks):
       self.assertIn(" got ", r[debug].opening)
       self.assertNotEqual(r[code].output, r[debug].output)
-      self.assertEqual(r[debug].output, workflow._compact_reference(t) + "</debug>")
+      self.assertEqual(r[debug].output, stages.compact_reference(t) + "</debug>")
 
   def test_reference_fix_fraction(self):
     wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=0.5), self.pool)
     debug = wf.stage_names.index("debug_1")
-    fixes = [not wf.reference_segments(t)[debug].output.startswith("keep")
+    fixes = [not references.reference_segments(wf, t)[debug].output.startswith("keep")
              for t in self.synthetic]
     self.assertBetween(np.mean(fixes), 0.3, 0.7)
-    self.assertEqual(fixes, [not wf.reference_segments(t)[debug].output.startswith("keep")
-                             for t in self.synthetic])  # A pure function of the task.
+    self.assertEqual(fixes, [
+        not references.reference_segments(wf, t)[debug].output.startswith("keep")
+        for t in self.synthetic])  # A pure function of the task.
     # Without a debug stage there is nothing to fix: plain reference episodes.
     plain = workflow.Workflow(workflow.WorkflowConfig(stages=("code",),
                                                       reference_fix_fraction=1.0), self.pool)
-    self.assertEqual(plain.reference_outputs(self.synthetic[0]),
-                     [workflow._compact_reference(self.synthetic[0]) + "</code>"])
+    self.assertEqual(references.reference_outputs(plain, self.synthetic[0]),
+                     [stages.compact_reference(self.synthetic[0]) + "</code>"])
     with self.assertRaisesRegex(ValueError, "reference_fix_fraction"):
       workflow.WorkflowConfig(reference_fix_fraction=1.5)
 
   def test_delimiters_are_tokenizer_specials(self):
-    self.assertEqual(set(workflow.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
+    self.assertEqual(set(prompts.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
     for stage in self.wf.stages:
       self.assertTrue(_TOKENIZER.is_special(_TOKENIZER.token_id(stage.close_token)))
     self.assertEqual(_byte_tokens("<obs>1/1</obs><debug>"), 6)
 
   def test_reference_episode_is_compact(self):
-    sizes = [_byte_tokens("".join(s.opening + s.output for s in self.wf.reference_segments(t)))
+    sizes = [_byte_tokens("".join(s.opening + s.output
+                                  for s in references.reference_segments(self.wf, t)))
              for t in self.synthetic]
     self.assertLess(np.mean(sizes), 200)
     self.assertLess(max(sizes), 320)
-    segs = self.wf.reference_segments(_sort_task())
+    segs = references.reference_segments(self.wf, _sort_task())
     self.assertEqual([s.opening for s in segs],
                      [_sort_task().prompt + "\n[2,9,4]-><hyp>", "<code>", "<tests>",
                       "<obs>4/4</obs><debug>"])
@@ -238,9 +242,10 @@ class WorkflowTest(parameterized.TestCase):
         "code": ["sorted(x)</code>"] * 5,
         "tests": self._TESTS_OUTPUTS + ["[]->[]\n[7]->[7]\n''->[]</tests>"]}, wf)
     np.testing.assert_allclose(results[1].rewards, [1 / 3, 1 / 3, 0.0, 0.0, 0.0])
-    reference = wf.reference_outputs(self.synthetic[0])[wf.stage_names.index("tests")]
+    tests_stage = wf.stage_names.index("tests")
+    reference = references.reference_outputs(wf, self.synthetic[0])[tests_stage]
     for line in reference.split("</tests>")[0].split("\n"):
-      self.assertFalse(workflow._is_trivial(task_lib.parse_example(line), 2), line)
+      self.assertFalse(stages.is_trivial(task_lib.parse_example(line), 2), line)
 
   def test_all_humaneval_canonical_completions_score_one(self):
     tasks = humaneval.load_humaneval()
@@ -281,15 +286,15 @@ class WorkflowTest(parameterized.TestCase):
 
   def test_drop_failing_public_examples(self):
     tasks = humaneval.load_humaneval()
-    fixed = workflow.drop_failing_public_examples(tasks, self.pool)
+    fixed = execution.drop_failing_public_examples(tasks, self.pool)
     changed = {t.task_id: (len(t.public_examples), len(f.public_examples))
                for t, f in zip(tasks, fixed) if f != t}
     self.assertEqual(changed, {"HumanEval/47": (2, 1)})  # its docstring's median is wrong
     wrong = _sort_task(public_examples=(task_lib.Example(([2, 1],), [2, 1]),) +
                        _sort_task().public_examples)
-    self.assertEqual(workflow.drop_failing_public_examples([wrong], self.pool)[0],
+    self.assertEqual(execution.drop_failing_public_examples([wrong], self.pool)[0],
                      _sort_task())
-    self.assertEqual(workflow.drop_failing_public_examples([wrong], _FailingPool()), [wrong])
+    self.assertEqual(execution.drop_failing_public_examples([wrong], _FailingPool()), [wrong])
 
   def test_assert_script_tasks(self):
     # An MBPP-style task whose hidden tests are top-level asserts (no check function).
@@ -315,7 +320,7 @@ class WorkflowTest(parameterized.TestCase):
   def test_stage_rewards_off(self):
     wf = workflow.Workflow(workflow.WorkflowConfig(stage_rewards=False), self.pool)
     task = _sort_task()
-    outputs = {s.stage: [s.output] for s in wf.reference_segments(task)}
+    outputs = {s.stage: [s.output] for s in references.reference_segments(wf, task)}
     _, results, final = self._run([task], outputs, wf)
     for res in results:
       self.assertFalse(res.valid.any())
@@ -325,7 +330,7 @@ class WorkflowTest(parameterized.TestCase):
   def test_failures_never_escape(self):
     wf = workflow.Workflow(workflow.WorkflowConfig(), _FailingPool())
     task = _sort_task()
-    outputs = {s.stage: [s.output] * 2 for s in wf.reference_segments(task)}
+    outputs = {s.stage: [s.output] * 2 for s in references.reference_segments(wf, task)}
     episodes, results, final = self._run([task] * 2, outputs, wf)
     r = {res.stage: res for res in results}
     self.assertEqual(r["hypothesis"].rewards.tolist(), [1.0, 1.0])  # no sandbox needed
@@ -387,44 +392,6 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(cfg.stages, ("code", "debug"))
     with self.assertRaisesRegex(ValueError, "unknown workflow config keys"):
       workflow.WorkflowConfig.from_mapping({"stage": ("code",)})
-
-
-class ParseCodeTest(parameterized.TestCase):
-
-  def test_compiler_warnings_on_model_output_are_not_shown(self):
-    # `1if` draws "SyntaxWarning: invalid decimal literal"; turned into an error (`-W error`)
-    # it would also make the expression unparseable. Other sources still warn.
-    script = ("import ast, warnings\n"
-              "from agentic_grpo.agent import workflow\n"
-              "from agentic_grpo.tasks import task\n"
-              "t = task.Task(task_id='t', prompt='f(x:int)->int', entry_point='f',\n"
-              "              signature='f(x:int)->int', public_examples=(),\n"
-              "              hidden_tests=(task.Example((1,), 1),))\n"
-              "print(workflow.parse_code('1if x else 0', t), end='')\n"
-              "try:\n"
-              "  ast.parse('1if x else 0')\n"
-              "except SyntaxError:\n"
-              "  print('elsewhere: error')\n")
-    out = subprocess.run([sys.executable, "-W", "error::SyntaxWarning", "-c", script],
-                         capture_output=True, text=True, check=True)
-    self.assertEqual(out.stdout, "def f(x): return 1if x else 0\nelsewhere: error\n")
-
-  def test_forms(self):
-    task = _sort_task()
-    self.assertEqual(workflow.parse_code(" sorted(x) ", task), "def f(x): return sorted(x)\n")
-    src = workflow.parse_code("def f(x):\n  return x", task)
-    self.assertIn("def f(x):", src)
-    he = humaneval.load_humaneval()[0]
-    completion = workflow.parse_code("    return False\n", he)
-    self.assertTrue(completion.startswith(he.prompt))
-    full = workflow.parse_code("def has_close_elements(numbers, threshold):\n  return 1", he)
-    self.assertTrue(full.startswith("from typing import List"))
-
-  @parameterized.parameters("", "   ", "def g(x): return x", "sorted(x", "import os",
-                            "(" * 300 + ")" * 300 + "x" * 0 + "+")
-  def test_rejects(self, body):
-    with self.assertRaises(workflow.ParseError):
-      workflow.parse_code(body, _sort_task())
 
 
 if __name__ == "__main__":

@@ -27,30 +27,31 @@ episodes as generated tokens, RNG counter, task-stream position) round-trips thr
 that was in flight.
 
 Multi-process runs: every process runs its own `AgentLoop` on its own shard of the task stream
-(`TaskStream(shard_index=, shard_count=)`), with its own sandbox work and its own replay. The
-loop takes no decision from other processes' state, but its `sample_fn` is a collective there
-(one sampler program over every process's rows), so all processes must call `step` (and
-`run_episodes`) in lock-step: the same number of times, in the same order. The state machine
+(`streams.TaskStream(shard_index=, shard_count=)`), with its own sandbox work and its own
+replay. The loop takes no decision from other processes' state, but its `sample_fn` is a
+collective there (one sampler program over every process's rows), so all processes must call
+`step` (and `run_episodes`) in lock-step: the same number of times, in the same order. The state machine
 (phase, cursor) advances identically everywhere, whatever the sandbox results, so a trainer
 that agrees on when to update keeps them in step.
 
 Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
-verdicts (timeouts, memory, crashes) are counted by `CountingPool`; a sandbox job that fails as
-a whole abandons its batch (its remaining stages are reported as skipped and its final rewards
-as 0, which nets out its provisional updates) and is counted. None of these stops the run.
+verdicts (timeouts, memory, crashes) are counted by `streams.CountingPool`; a sandbox job that
+fails as a whole abandons its batch (its remaining stages are reported as skipped and its final
+rewards as 0, which nets out its provisional updates) and is counted. None of these stops the run.
 """
 
 import collections
 import concurrent.futures
 import dataclasses
 import json
-import threading
 from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 import numpy as np
 
 from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import episodes as episodes_lib
+from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.tasks import task as task_lib
 
@@ -58,96 +59,6 @@ from agentic_grpo.tasks import task as task_lib
 #   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`.
 SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray,
                                                                       np.ndarray]]
-
-
-class TaskStream:
-  """A deterministic, resumable stream of training tasks, optionally one shard of it.
-
-  With `pool_size == 0` task `q` of the stream is `get_task(q)`; otherwise the stream cycles over
-  a finite pool of `pool_size` tasks, visiting them in a fresh seeded order every epoch.
-
-  Sharding (multi-process runs): shard `i` of `n` draws the global stream positions
-  `i, i + n, i + 2n, ...`, so shards are disjoint and together draw exactly what one unsharded
-  stream draws. `position` (the resumable data position) counts the tasks this shard has
-  drawn; `take` and `at` speak in global stream positions.
-
-  Args:
-    get_task: index -> `Task` (random access into a task source's split).
-    pool_size: size of the finite pool (0 = unlimited).
-    seed: seed of the per-epoch orders.
-    shard_index: this shard, in `[0, shard_count)` (e.g. `jax.process_index()`).
-    shard_count: number of shards (e.g. `jax.process_count()`).
-
-  Raises:
-    ValueError: a negative `pool_size`, `shard_count < 1` or `shard_index` outside
-      `[0, shard_count)`.
-  """
-
-  def __init__(self, get_task: Callable[[int], task_lib.Task], *, pool_size: int = 0,
-               seed: int = 0, shard_index: int = 0, shard_count: int = 1):
-    if pool_size < 0:
-      raise ValueError(f"pool_size must be >= 0, got {pool_size}")
-    if shard_count < 1:
-      raise ValueError(f"shard_count must be >= 1, got {shard_count}")
-    if not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index must be in [0, {shard_count}), got {shard_index}")
-    self._get_task = get_task
-    self.pool_size = int(pool_size)
-    self.seed = int(seed)
-    self.shard_index, self.shard_count = int(shard_index), int(shard_count)
-    self.position = 0
-    self._order_epoch, self._order = -1, None
-
-  def global_position(self, local: int) -> int:
-    """Global stream position of this shard's `local`-th task."""
-    return local * self.shard_count + self.shard_index
-
-  def index(self, position: int) -> int:
-    """Source index of the task at global stream `position`."""
-    if not self.pool_size:
-      return position
-    epoch, within = divmod(position, self.pool_size)
-    if epoch != self._order_epoch:
-      self._order = np.random.default_rng([self.seed, epoch]).permutation(self.pool_size)
-      self._order_epoch = epoch
-    return int(self._order[within])
-
-  def epoch(self) -> int:
-    """Epochs completed (0 for an unlimited stream): those before this shard's next task."""
-    return self.global_position(self.position) // self.pool_size if self.pool_size else 0
-
-  def take(self, n: int) -> tuple[list[int], list[task_lib.Task]]:
-    """This shard's next `n` tasks and their global stream positions."""
-    positions = [self.global_position(q) for q in range(self.position, self.position + n)]
-    self.position += n
-    return positions, [self._get_task(self.index(p)) for p in positions]
-
-  def at(self, positions: Sequence[int]) -> list[task_lib.Task]:
-    """Tasks at given global stream positions (for restoring in-flight episodes)."""
-    return [self._get_task(self.index(p)) for p in positions]
-
-
-class CountingPool:
-  """Wraps a sandbox pool and counts run verdicts (`timeout`, `error`, ...) thread-safely."""
-
-  def __init__(self, pool):
-    self._pool = pool
-    self._lock = threading.Lock()
-    self.counts: collections.Counter = collections.Counter()
-
-  def map(self, programs, limits=None):
-    results = self._pool.map(programs, limits) if limits is not None else self._pool.map(
-        programs)
-    with self._lock:
-      for r in results:
-        self.counts[str(getattr(r.verdict, "value", r.verdict))] += 1
-    return results
-
-  def pop_counts(self) -> dict[str, int]:
-    with self._lock:
-      out = dict(self.counts)
-      self.counts.clear()
-    return out
 
 
 @dataclasses.dataclass
@@ -168,7 +79,7 @@ class _Batch:
   group_ids: list[int]
   episode_ids: list[int]             # N = B * G, group-major
   workflow: workflow_lib.Workflow
-  episodes: list[workflow_lib.Episode]
+  episodes: list[episodes_lib.Episode]
   context: list[list[int]]           # per episode: tokens so far (incl. the open stage's opening)
   history: list[_Sampled] = dataclasses.field(default_factory=list)  # harvested stages
   pending: Optional[_Sampled] = None
@@ -187,7 +98,7 @@ class AgentLoop:
     workflow_factory: `() -> Workflow` (one per batch in flight; they share the sandbox pool).
     tokenizer: `encode(str) -> list[int]`, `decode(ids) -> str`.
     replay: the `StagedReplay` to feed.
-    stream: the training `TaskStream`.
+    stream: the training `streams.TaskStream`.
     sample_fn: see `SampleFn`.
     tasks_per_batch: B.
     group_size: G.
@@ -202,7 +113,7 @@ class AgentLoop:
   """
 
   def __init__(self, *, workflow_factory: Callable[[], workflow_lib.Workflow], tokenizer,
-               replay: replay_lib.StagedReplay, stream: TaskStream, sample_fn: SampleFn,
+               replay: replay_lib.StagedReplay, stream: streams.TaskStream, sample_fn: SampleFn,
                tasks_per_batch: int, group_size: int, batches_in_flight: int,
                max_context: int, max_new_tokens: int, stage_rewards: bool = True,
                executor: Optional[concurrent.futures.Executor] = None):
@@ -484,18 +395,15 @@ class AgentLoop:
 
     The replay's own state must be restored separately (it already holds the harvested
     stages); a job that was in flight is resubmitted.
+
+    Raises:
+      ValueError: if the state has another number of batches in flight than the loop.
     """
     lengths = np.asarray(arrays["lengths"], np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    row = [0]
-
-    def take():
-      i = row[0]
-      row[0] += 1
-      sl = slice(int(starts[i]), int(starts[i + 1]))
-      return (np.asarray(arrays["gen"][sl], np.int32),
-              np.asarray(arrays["logprobs"][sl], np.float32))
-
+    rows = ((np.asarray(arrays["gen"][int(starts[i]):int(starts[i + 1])], np.int32),
+             np.asarray(arrays["logprobs"][int(starts[i]):int(starts[i + 1])], np.float32))
+            for i in range(len(lengths)))  # per recorded row, in `state_dict`'s order
     self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
     self.rng_counter = int(meta["rng_counter"])
     self.next_batch_id = int(meta["next_batch_id"])
@@ -503,40 +411,39 @@ class AgentLoop:
     self.next_group_id = int(meta["next_group_id"])
     self.stream.position = int(meta["stream_position"])
     self.counters = collections.Counter(meta["counters"])
-    self.slots = []
-    for sm in meta["slots"]:
-      if sm is None:
-        self.slots.append(None)
-        continue
-      tasks = self.stream.at(sm["positions"])
-      slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
-                               (sm["group_ids"], sm["episode_ids"]))
-      if sm["done"]:  # Fully harvested: replaced at its next visit, nothing to rebuild.
-        row[0] += self.num_rows * len(sm["stages"])
-        slot.done = True
-        self.slots.append(slot)
-        continue
-      stages = []
-      for stage, version, sampled in sm["stages"]:
-        gens, lps = zip(*[take() for _ in range(self.num_rows)])
-        stages.append(_Sampled(int(stage), int(version), list(gens), list(lps),
-                               np.asarray(sampled, bool)))
-      harvested = stages[:-1] if sm["pending"] else stages
-      for s in harvested:
-        outputs = [self.tokenizer.decode(g.tolist()) for g in s.gen]
-        _, follow = _env_job(slot.workflow, slot.episodes, outputs,
-                             s.stage == self.num_stages - 1)
-        slot.history.append(s)
-        if s.stage < self.num_stages - 1:
-          slot.context = [list(c) + g.tolist() + list(self.tokenizer.encode(o))
-                          for c, g, o in zip(slot.context, s.gen, follow)]
-      slot.workflow.pop_error_counts()
-      if sm["pending"]:
-        slot.pending = stages[-1]
-        slot.job = self._submit(slot, slot.pending)
-      self.slots.append(slot)
+    self.slots = [None if sm is None else self._restore_batch(sm, rows) for sm in meta["slots"]]
     if len(self.slots) != self.K:
       raise ValueError(f"state has {len(self.slots)} slots, the loop has {self.K}")
+
+  def _restore_batch(self, sm: dict[str, Any], rows) -> _Batch:
+    """One in-flight batch from its `state_dict` entry; consumes its rows from `rows`."""
+    tasks = self.stream.at(sm["positions"])
+    slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
+                             (sm["group_ids"], sm["episode_ids"]))
+    if sm["done"]:  # Fully harvested: replaced at its next visit, nothing to rebuild.
+      for _ in range(self.num_rows * len(sm["stages"])):
+        next(rows)
+      slot.done = True
+      return slot
+    stages = []
+    for stage, version, sampled in sm["stages"]:
+      gens, lps = zip(*[next(rows) for _ in range(self.num_rows)])
+      stages.append(_Sampled(int(stage), int(version), list(gens), list(lps),
+                             np.asarray(sampled, bool)))
+    harvested = stages[:-1] if sm["pending"] else stages
+    for s in harvested:
+      outputs = [self.tokenizer.decode(g.tolist()) for g in s.gen]
+      _, follow = _env_job(slot.workflow, slot.episodes, outputs,
+                           s.stage == self.num_stages - 1)
+      slot.history.append(s)
+      if s.stage < self.num_stages - 1:
+        slot.context = [list(c) + g.tolist() + list(self.tokenizer.encode(o))
+                        for c, g, o in zip(slot.context, s.gen, follow)]
+    slot.workflow.pop_error_counts()
+    if sm["pending"]:
+      slot.pending = stages[-1]
+      slot.job = self._submit(slot, slot.pending)
+    return slot
 
   def close(self) -> None:
     """Waits for in-flight sandbox jobs and stops the loop's own executor."""
