@@ -18,11 +18,16 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
+from agentic_grpo import parallel
+from agentic_grpo.models import hf_config
 from agentic_grpo.models import hf_import
+from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 
 _FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
-_CASES = ("llama_tied_gqa", "llama_untied_rope", "qwen2_tied_bias", "qwen2_untied_sharded")
+_CASES = ("llama_tied_gqa", "llama_untied_rope", "llama_odd_heads", "qwen2_tied_bias",
+          "qwen2_untied_sharded", "qwen2_odd_heads", "qwen3_tied_odd_heads",
+          "qwen3_untied_sharded")
 _apply = jax.jit(transformer.apply, static_argnums=0)
 
 
@@ -46,6 +51,38 @@ class ParityTest(parameterized.TestCase):
     self.assertEqual(logits.shape, ref["logits"].shape)
     np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=0)
 
+  @parameterized.parameters(*_CASES)
+  def test_sharded_load_matches(self, case):
+    # Built in its shards on a (2, 2, 2) mesh of 8 devices: same values, same logits.
+    path = os.path.join(_FIXTURES, case)
+    ref = np.load(os.path.join(path, "reference.npz"))
+    mesh = parallel.make_mesh((2, 2, 2))
+    config, params = hf_import.load_hf_checkpoint(
+        path, shardings=lambda c: placement.shard_model(c, mesh).param_shardings)
+    _, single = hf_import.load_hf_checkpoint(path)
+    want = placement.shard_model(config, mesh).param_shardings
+    for leaf, sharding, one in zip(jax.tree.leaves(params), jax.tree.leaves(want),
+                                   jax.tree.leaves(single)):
+      self.assertEqual(leaf.sharding, sharding)
+      np.testing.assert_array_equal(np.asarray(leaf), np.asarray(one))
+    np.testing.assert_allclose(_logits(config, params, ref["tokens"]), ref["logits"],
+                               atol=1e-4, rtol=0)
+
+  def test_head_dim_split_reads(self):
+    # A sharding that splits head_dim still reads the right sub-block of each head.
+    path = os.path.join(_FIXTURES, "qwen3_untied_sharded")
+    mesh = parallel.make_mesh((2, 2, 2))
+    rules = tuple((k, "tensor" if k == "head_dim" else v if k != "heads" else None)
+                  for k, v in parallel.DEFAULT_RULES)
+    config, params = hf_import.load_hf_checkpoint(
+        path, shardings=lambda c: placement.shard_model(c, mesh, rules).param_shardings)
+    _, single = hf_import.load_hf_checkpoint(path)
+    q = params["layers"][0]["attn"]["q"][...]
+    self.assertEqual(q.sharding.spec[2], "tensor")
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(single)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    del config
+
   def test_configs_cover_the_options(self):
     configs = {c: hf_import.load_hf_checkpoint(os.path.join(_FIXTURES, c))[0] for c in _CASES}
     self.assertTrue(configs["llama_tied_gqa"].tie_embeddings)
@@ -58,6 +95,24 @@ class ParityTest(parameterized.TestCase):
     self.assertFalse(configs["llama_tied_gqa"].qkv_bias)
     self.assertTrue(os.path.isfile(os.path.join(_FIXTURES, "qwen2_untied_sharded",
                                                 "model.safetensors.index.json")))
+    odd = configs["qwen3_tied_odd_heads"]
+    self.assertEqual((odd.n_heads, odd.n_kv_heads, odd.head_dim, odd.d_model), (3, 1, 10, 32))
+    self.assertTrue(odd.qk_norm and odd.tie_embeddings and not odd.qkv_bias)
+    self.assertFalse(configs["qwen3_untied_sharded"].tie_embeddings)
+    self.assertEqual(configs["llama_odd_heads"].head_dim, 8)
+    self.assertEqual((configs["qwen2_odd_heads"].n_heads, configs["qwen2_odd_heads"].head_dim),
+                     (3, 12))
+
+  def test_qk_norm_matters(self):
+    # The parity test would catch q/k norms that are loaded but not applied.
+    path = os.path.join(_FIXTURES, "qwen3_tied_odd_heads")
+    ref = np.load(os.path.join(path, "reference.npz"))
+    config, params = hf_import.load_hf_checkpoint(path)
+    for layer in params["layers"].values():
+      for name in ("q_norm", "k_norm"):
+        layer["attn"][name]["scale"].set_value(jnp.ones_like(layer["attn"][name]["scale"][...]))
+    self.assertGreater(np.abs(_logits(config, params, ref["tokens"]) - ref["logits"]).max(),
+                       1e-2)
 
   def test_rope_scaling_matters(self):
     # The parity test would catch a missing Llama 3 frequency scaling.
@@ -80,17 +135,17 @@ class ConfigTest(absltest.TestCase):
   def test_transformers4_layout(self):
     with open(os.path.join(_FIXTURES, "llama_untied_rope", "config.json")) as f:
       hf = json.load(f)
-    new = hf_import.model_config_from_hf(hf)
+    new = hf_config.model_config_from_hf(hf)
     rope = hf.pop("rope_parameters")
     hf["rope_theta"] = rope.pop("rope_theta")
     rope["type"] = rope.pop("rope_type")
     hf["rope_scaling"] = rope
     hf["torch_dtype"] = hf.pop("dtype")
-    self.assertEqual(hf_import.model_config_from_hf(hf), new)
+    self.assertEqual(hf_config.model_config_from_hf(hf), new)
 
 
 class DefaultsTest(parameterized.TestCase):
-  """Keys a config.json omits take the family's transformers defaults (LlamaConfig, Qwen2Config)."""
+  """Keys a config.json omits take the family's transformers defaults (Llama/Qwen2/Qwen3Config)."""
 
   @parameterized.named_parameters(
       ("llama", "LlamaForCausalLM", dict(vocab_size=32000, d_model=4096, mlp_dim=11008,
@@ -99,23 +154,29 @@ class DefaultsTest(parameterized.TestCase):
       ("qwen2", "Qwen2ForCausalLM", dict(vocab_size=151936, d_model=4096, mlp_dim=22016,
                                          n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
                                          max_seq_len=32768, qkv_bias=True)),
+      ("qwen3", "Qwen3ForCausalLM", dict(vocab_size=151936, d_model=4096, mlp_dim=22016,
+                                         n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
+                                         max_seq_len=32768, qkv_bias=False, qk_norm=True)),
   )
   def test_every_absent_key(self, arch, want):
-    config = hf_import.model_config_from_hf({"architectures": [arch]})
+    config = hf_config.model_config_from_hf({"architectures": [arch]})
     want.update(rope_theta=10_000.0, tie_embeddings=False, norm_eps=1e-6, rope_scaling=None,
                 param_dtype=jnp.float32)
     self.assertEqual({k: getattr(config, k) for k in want}, want)
 
   def test_head_counts(self):
     # Llama derives kv heads from the query heads; Qwen2's default is 32 whatever the heads.
-    llama = hf_import.model_config_from_hf({"model_type": "llama", "num_attention_heads": 8,
+    llama = hf_config.model_config_from_hf({"model_type": "llama", "num_attention_heads": 8,
                                             "hidden_size": 64})
     self.assertEqual((llama.n_kv_heads, llama.head_dim), (8, 8))
-    qwen = hf_import.model_config_from_hf({"model_type": "qwen2", "num_attention_heads": 64,
+    qwen = hf_config.model_config_from_hf({"model_type": "qwen2", "num_attention_heads": 64,
                                            "hidden_size": 1024, "head_dim": None})
     self.assertEqual((qwen.n_kv_heads, qwen.head_dim), (32, 16))
-    for family in ("llama", "qwen2"):  # an explicit null means as many as the query heads
-      c = hf_import.model_config_from_hf({"model_type": family, "num_attention_heads": 4,
+    qwen3 = hf_config.model_config_from_hf({"model_type": "qwen3", "num_attention_heads": 64,
+                                            "hidden_size": 1024})
+    self.assertEqual((qwen3.n_kv_heads, qwen3.head_dim), (32, 128))  # head_dim not derived
+    for family in ("llama", "qwen2", "qwen3"):  # explicit null kv heads: as many as the queries
+      c = hf_config.model_config_from_hf({"model_type": family, "num_attention_heads": 4,
                                           "num_key_value_heads": None, "head_dim": 24})
       self.assertEqual((c.n_kv_heads, c.head_dim), (4, 24))
 
@@ -131,7 +192,7 @@ class DefaultsTest(parameterized.TestCase):
       hf = json.load(f)
     del hf["tie_word_embeddings"]
     for key in ("rms_norm_eps", "hidden_act", "use_sliding_window", "attention_bias", "mlp_bias"):
-      if hf.get(key) == hf_import.HF_DEFAULTS[hf["model_type"]].get(key, "absent"):
+      if hf.get(key) == hf_config.HF_DEFAULTS[hf["model_type"]].get(key, "absent"):
         del hf[key]  # at their defaults: dropping them changes nothing
     with open(os.path.join(path, "config.json"), "w") as f:
       json.dump(hf, f)
@@ -146,9 +207,14 @@ class DefaultsTest(parameterized.TestCase):
                                rtol=0)
 
   @parameterized.named_parameters(
-      ("qwen3_arch", {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
-       r"unsupported architecture 'Qwen3ForCausalLM' \(per-head q/k RMSNorm"),
-      ("qwen3_type", {"model_type": "qwen3"}, r"unsupported architecture 'qwen3'"),
+      ("moe_arch", {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"},
+       r"unsupported architecture 'Qwen3MoeForCausalLM'; supported: \['LlamaForCausalLM', "
+       r"'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]"),
+      ("gemma_type", {"model_type": "gemma"}, r"unsupported architecture 'gemma'"),
+      ("qwen3_bias", {"model_type": "qwen3", "attention_bias": True}, "attention_bias"),
+      ("quantized", {"model_type": "qwen3", "quantization_config": {"quant_method": "awq"}},
+       "quantization_config"),
+      ("dtype", {"model_type": "qwen3", "dtype": "int8"}, r"unsupported checkpoint dtype 'int8'"),
       ("type", {"model_type": "llama", "hidden_size": "64"}, r"hidden_size='64'"),
       ("range", {"model_type": "qwen2", "num_hidden_layers": 0}, r"num_hidden_layers=0"),
       ("tie_type", {"model_type": "qwen2", "tie_word_embeddings": "yes"}, "tie_word_embeddings"),
@@ -157,7 +223,7 @@ class DefaultsTest(parameterized.TestCase):
   )
   def test_rejects(self, hf, match):
     with self.assertRaisesRegex(ValueError, match):
-      hf_import.model_config_from_hf(hf)
+      hf_config.model_config_from_hf(hf)
 
 
 class ErrorTest(parameterized.TestCase):

@@ -29,12 +29,16 @@ _SMALL = {
         vocab_size=37, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=8,
         mlp_dim=48, max_seq_len=64,
         rope_scaling=transformer.Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
+    # Qwen3: per-head q/k norm, 3 query heads over 1 kv head, head_dim unrelated to d_model.
+    "qk_norm_odd_heads": transformer.ModelConfig(
+        vocab_size=37, d_model=32, n_layers=2, n_heads=3, n_kv_heads=1, head_dim=10,
+        mlp_dim=48, qk_norm=True, max_seq_len=64),
 }
 
 # Published parameter counts (model cards), in millions.
 _PUBLISHED_M = {
     "qwen2_0_5b": 494, "qwen2_1_5b": 1544, "qwen2_7b": 7616,
-    "llama3_2_1b": 1236, "llama3_2_3b": 3213,
+    "qwen3_0_6b": 596, "qwen3_8b": 8191, "llama3_2_1b": 1236, "llama3_2_3b": 3213,
 }
 
 
@@ -121,6 +125,11 @@ class ParamsTest(parameterized.TestCase):
     has_head = "lm_head" in params
     self.assertEqual(has_head, not config.tie_embeddings)
     self.assertEqual("q_bias" in params["layers"][0]["attn"], config.qkv_bias)
+    self.assertEqual("q_norm" in params["layers"][0]["attn"], config.qk_norm)
+    if config.qk_norm:
+      scale = params["layers"][0]["attn"]["k_norm"]["scale"]
+      self.assertEqual(scale.get_metadata()["out_sharding"], ("head_dim",))
+      self.assertEqual(scale[...].shape, (config.head_dim,))
 
   def test_init_is_deterministic_in_rng(self):
     config = _SMALL["tied_gqa"]
@@ -162,7 +171,7 @@ class ApplyTest(parameterized.TestCase):
     # The junk after position 9 changes later logits (the test can fail).
     self.assertGreater(float(np.abs(logits[2, 9:] - logits[0, 9:]).max()), 1e-3)
 
-  @parameterized.parameters("untied_bias_mha", "llama3_rope_mqa")
+  @parameterized.parameters("untied_bias_mha", "llama3_rope_mqa", "qk_norm_odd_heads")
   def test_kv_cache_decode_matches_full_forward_at_every_step(self, name):
     config, graphdef, params = _model(name)
     n, prompt, total = 3, 6, 14

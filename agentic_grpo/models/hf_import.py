@@ -1,9 +1,18 @@
-"""Loads Hugging Face Llama / Qwen2 safetensors checkpoints into the policy.
+"""Loads Hugging Face Llama / Qwen2 / Qwen3 safetensors checkpoints straight into their shards.
 
-`load_hf_checkpoint(path)` reads `config.json` and the weights
-(`model.safetensors`, or shards listed in `model.safetensors.index.json`) with
-`safetensors`, builds the matching `transformer.ModelConfig` and maps every
-tensor to its parameter:
+Two steps, so that every check happens before any device memory is spent:
+
+1. `open_hf_checkpoint(path)` reads `config.json` (`hf_config`) and the
+   safetensors headers (`model.safetensors`, or the shards listed in
+   `model.safetensors.index.json`), and checks that every tensor the config
+   implies is present, in an allowed dtype, with the implied shape, and that
+   no file is truncated. It reads no tensor data.
+2. `load_params(checkpoint, shardings)` builds each parameter as a global
+   `jax.Array` with `jax.make_array_from_callback`: for each addressable
+   device the callback reads only that device's slice through safetensors'
+   lazy `get_slice`, maps it to our layout and casts it to the param dtype on
+   the host. A process therefore reads only the slices its devices hold, and
+   no host holds more than one device slice of one tensor in staging memory.
 
 | Hugging Face tensor (`model.` prefix) | shape | parameter | shape |
 |---|---|---|---|
@@ -11,6 +20,7 @@ tensor to its parameter:
 | `lm_head.weight` (untied only) | `[V, D]` | `lm_head` | `[D, V]` |
 | `layers.i.self_attn.{q,k,v}_proj.weight` | `[H·Dh, D]` | `layers.i.attn.{q,k,v}` | `[D, H, Dh]` |
 | `layers.i.self_attn.{q,k,v}_proj.bias` (Qwen2) | `[H·Dh]` | `layers.i.attn.{q,k,v}_bias` | `[H, Dh]` |
+| `layers.i.self_attn.{q,k}_norm.weight` (Qwen3) | `[Dh]` | `layers.i.attn.{q,k}_norm.scale` | `[Dh]` |
 | `layers.i.self_attn.o_proj.weight` | `[D, H·Dh]` | `layers.i.attn.o` | `[H, Dh, D]` |
 | `layers.i.mlp.{gate,up}_proj.weight` | `[F, D]` | `layers.i.mlp.{gate,up}` | `[D, F]` |
 | `layers.i.mlp.down_proj.weight` | `[D, F]` | `layers.i.mlp.down` | `[F, D]` |
@@ -18,191 +28,106 @@ tensor to its parameter:
 | `norm.weight` | `[D]` | `final_norm.scale` | `[D]` |
 
 Rotary embeddings use the same "rotate half" layout as Hugging Face, so q/k
-need no permutation. Both the transformers 5 (`rope_parameters`) and the
-older (`rope_theta`, `rope_scaling`) config layouts are read. Keys that
-`config.json` omits take each family's own transformers defaults
-(`HF_DEFAULTS`): Qwen2's output head, for one, is untied unless the config says
-otherwise.
+need no permutation. `hf_export` writes the same table the other way.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any, Optional
 
 from flax import nnx
-import jax.numpy as jnp
+from flax import traverse_util
+import jax
 import numpy as np
 from safetensors import safe_open
 
+from agentic_grpo.models import hf_config
 from agentic_grpo.models import transformer
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
-# Known families the policy cannot run, with the reason (checked before anything is read).
-_QWEN3 = ("per-head q/k RMSNorm (q_norm, k_norm); its defaults also differ from Qwen2's: "
-          "head_dim 128, no q/k/v bias")
-_UNSUPPORTED = {"Qwen3ForCausalLM": _QWEN3, "qwen3": _QWEN3}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# safetensors dtype names a checkpoint tensor may be stored in (cast to the param dtype on read).
+ALLOWED_TENSOR_DTYPES = ("BF16", "F16", "F32")
 
-# What transformers uses for a key that `config.json` omits (the `LlamaConfig` / `Qwen2Config`
-# class defaults, the same in transformers 4.x and 5.x). `None` means "derived": head_dim =
-# hidden_size // num_attention_heads, num_key_value_heads = num_attention_heads. Qwen2 differs
-# from Llama in num_key_value_heads (32, not the head count), max_position_embeddings, the
-# vocabulary, and its q/k/v bias (always on, no config key); neither ties its output head by
-# default. (Qwen3Config, for reference: as Qwen2 but head_dim 128 and attention_bias False.)
-HF_DEFAULTS = {
-    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
-              "head_dim": None, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-              "rope_theta": 10_000.0, "tie_word_embeddings": False, "attention_bias": False,
-              "mlp_bias": False, "hidden_act": "silu"},
-    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-              "head_dim": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-              "rope_theta": 10_000.0, "tie_word_embeddings": False, "use_sliding_window": False,
-              "hidden_act": "silu"},
-}
+# How a parameter is laid out relative to its Hugging Face tensor:
+# same: identical; t: transposed (2-D); in_heads: [H·Dh, D] -> [D, H, Dh];
+# out_heads: [D, H·Dh] -> [H, Dh, D]; bias_heads: [H·Dh] -> [H, Dh].
+_KINDS = ("same", "t", "in_heads", "out_heads", "bias_heads")
 
 
-def _read_config(path: str) -> dict[str, Any]:
-  file = os.path.join(path, "config.json")
-  if not os.path.isfile(file):
-    raise ValueError(f"no config.json in checkpoint path {path!r}")
-  try:
-    with open(file, encoding="utf-8") as f:
-      hf = json.load(f)
-  except (ValueError, RecursionError) as e:  # JSON or UTF-8 errors, absurd nesting
-    raise ValueError(f"config.json in {path!r} is not valid JSON: {e}") from e
-  if not isinstance(hf, dict):
-    raise ValueError(f"config.json in {path!r} must be a JSON object, got {type(hf).__name__}")
-  return hf
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+  """One parameter's Hugging Face tensor.
 
-
-def _family(hf: dict[str, Any]) -> str:
-  """`llama` or `qwen2`, from `architectures` (else `model_type`)."""
-  archs = hf.get("architectures") or []
-  archs = archs if isinstance(archs, list) else [archs]
-  model_type = hf.get("model_type")
-  for name in list(archs) + [model_type]:
-    if isinstance(name, str) and name in _UNSUPPORTED:
-      raise ValueError(f"unsupported architecture {name!r} ({_UNSUPPORTED[name]}); supported: "
-                       f"{sorted(SUPPORTED_ARCHITECTURES)}")
-  known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
-  if known:
-    return SUPPORTED_ARCHITECTURES[known[0]]
-  if model_type in SUPPORTED_ARCHITECTURES.values():
-    return model_type
-  raise ValueError(f"unsupported architecture {archs or model_type!r}; supported: "
-                   f"{sorted(SUPPORTED_ARCHITECTURES)}")
-
-
-def _getter(hf: dict[str, Any], family: str):
-  """`get(key, kind)`: `hf[key]` (the family's default when absent or null), checked."""
-  defaults = HF_DEFAULTS[family]
-
-  def get(key: str, kind: type):
-    value = hf.get(key)
-    value = defaults[key] if value is None else value
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-          and (kind is float or float(value).is_integer()))
-    if not ok:
-      raise ValueError(f"config.json {key}={value!r}: expected a "
-                       f"{'bool' if kind is bool else 'positive ' + kind.__name__}")
-    return kind(value)
-
-  return get
-
-
-def _rope(hf: dict[str, Any], family: str):
-  """`(rope_theta, Llama3RopeScaling or None)`; both config layouts."""
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  if not isinstance(rope, dict):
-    raise ValueError(f"config.json rope_parameters must be an object, got {rope!r:.80}")
-  theta = rope.get("rope_theta", hf.get("rope_theta"))
-  theta = HF_DEFAULTS[family]["rope_theta"] if theta is None else theta
-  if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-    raise ValueError(f"config.json rope_theta={theta!r}: expected a positive number")
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type == "default":
-    return float(theta), None
-  if rope_type != "llama3":
-    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
-  try:
-    return float(theta), transformer.Llama3RopeScaling(
-        factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-        high_freq_factor=float(rope["high_freq_factor"]),
-        original_max_position=int(rope.get("original_max_position_embeddings")
-                                  or hf.get("max_position_embeddings")
-                                  or HF_DEFAULTS[family]["max_position_embeddings"]))
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"config.json llama3 rope_parameters incomplete or malformed: {e!r}") from e
-
-
-def model_config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None) -> transformer.ModelConfig:
-  """`ModelConfig` for a Hugging Face `config.json` dict.
-
-  A key the dict omits (or sets to null) takes the family's transformers default
-  (`HF_DEFAULTS`), as `from_pretrained` would: e.g. a Qwen2 config without
-  `tie_word_embeddings` has an untied output head, one without `num_key_value_heads` has 32.
-
-  Args:
-    hf: the parsed `config.json`.
-    dtype, param_dtype: override the compute / storage dtype (default: the
-      checkpoint's `dtype` / `torch_dtype`, else float32).
-
-  Raises:
-    ValueError: an unsupported architecture (Qwen3 included), activation, rope type, MLP or
-      output-projection bias, or sliding-window attention; a value of the wrong type or range
-      (naming the key).
+  Attributes:
+    name: tensor name in the safetensors files.
+    hf_shape: its shape there.
+    kind: one of `same`, `t`, `in_heads`, `out_heads`, `bias_heads`.
   """
-  family = _family(hf)
-  get = _getter(hf, family)
-  if hf.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU)")
-  # Qwen2 has no MLP or o_proj bias whatever the config says; Llama's flags add them.
-  if family == "llama" and get("mlp_bias", bool):
-    raise ValueError("unsupported mlp_bias=true")
-  if family == "llama" and get("attention_bias", bool):
-    raise ValueError("unsupported attention_bias=true for llama (o_proj bias)")
-  if family == "qwen2" and get("use_sliding_window", bool):
-    raise ValueError("unsupported use_sliding_window=true")
-  theta, scaling = _rope(hf, family)
-  stored = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-  if stored not in _DTYPES:
-    raise ValueError(f"unsupported checkpoint dtype {stored!r}; supported: {sorted(_DTYPES)}")
-  param_dtype = param_dtype or _DTYPES[stored]
-  n_heads, d_model = get("num_attention_heads", int), get("hidden_size", int)
-  # A null num_key_value_heads (given, or Llama's default) means as many as the query heads.
-  kv = hf.get("num_key_value_heads", HF_DEFAULTS[family]["num_key_value_heads"])
-  n_kv = n_heads if kv is None else get("num_key_value_heads", int)
-  head_dim = d_model // n_heads if hf.get("head_dim") is None else get("head_dim", int)
-  return transformer.ModelConfig(
-      vocab_size=get("vocab_size", int),
-      d_model=d_model,
-      n_layers=get("num_hidden_layers", int),
-      n_heads=n_heads,
-      n_kv_heads=n_kv,
-      head_dim=head_dim,
-      mlp_dim=get("intermediate_size", int),
-      rope_theta=theta,
-      qkv_bias=family == "qwen2",
-      tie_embeddings=get("tie_word_embeddings", bool),
-      norm_eps=get("rms_norm_eps", float),
-      max_seq_len=get("max_position_embeddings", int),
-      dtype=dtype or param_dtype,
-      param_dtype=param_dtype,
-      rope_scaling=scaling,
-  )
+  name: str
+  hf_shape: tuple[int, ...]
+  kind: str
+
+
+def tensor_specs(c: transformer.ModelConfig, prefix: str = "model.") -> dict[tuple, TensorSpec]:
+  """Parameter path (as in `nnx.to_pure_dict`) -> its Hugging Face tensor, for `c`."""
+  d, h, kv, dh, f, v = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.mlp_dim, c.vocab_size
+  specs = {("embed",): TensorSpec(f"{prefix}embed_tokens.weight", (v, d), "same"),
+           ("final_norm", "scale"): TensorSpec(f"{prefix}norm.weight", (d,), "same")}
+  if not c.tie_embeddings:
+    specs[("lm_head",)] = TensorSpec("lm_head.weight", (v, d), "t")
+  for i in range(c.n_layers):
+    p, a = f"{prefix}layers.{i}.", ("layers", i, "attn")
+    for name, heads in (("q", h), ("k", kv), ("v", kv)):
+      specs[a + (name,)] = TensorSpec(f"{p}self_attn.{name}_proj.weight", (heads * dh, d),
+                                      "in_heads")
+      if c.qkv_bias:
+        specs[a + (f"{name}_bias",)] = TensorSpec(f"{p}self_attn.{name}_proj.bias",
+                                                  (heads * dh,), "bias_heads")
+    if c.qk_norm:
+      for name in ("q", "k"):
+        specs[a + (f"{name}_norm", "scale")] = TensorSpec(f"{p}self_attn.{name}_norm.weight",
+                                                          (dh,), "same")
+    specs[a + ("o",)] = TensorSpec(f"{p}self_attn.o_proj.weight", (d, h * dh), "out_heads")
+    m = ("layers", i, "mlp")
+    specs[m + ("gate",)] = TensorSpec(f"{p}mlp.gate_proj.weight", (f, d), "t")
+    specs[m + ("up",)] = TensorSpec(f"{p}mlp.up_proj.weight", (f, d), "t")
+    specs[m + ("down",)] = TensorSpec(f"{p}mlp.down_proj.weight", (d, f), "t")
+    specs[("layers", i, "attn_norm", "scale")] = TensorSpec(f"{p}input_layernorm.weight", (d,),
+                                                            "same")
+    specs[("layers", i, "mlp_norm", "scale")] = TensorSpec(
+        f"{p}post_attention_layernorm.weight", (d,), "same")
+  return specs
+
+
+@dataclasses.dataclass(frozen=True)
+class HFCheckpoint:
+  """A checked checkpoint directory; holds no tensor data.
+
+  Attributes:
+    path: the directory.
+    hf: the parsed `config.json`.
+    config: the `ModelConfig` (with the requested dtypes).
+    files: tensor name -> safetensors file.
+    specs: parameter path -> `TensorSpec`.
+  """
+  path: str
+  hf: dict[str, Any]
+  config: transformer.ModelConfig
+  files: dict[str, str]
+  specs: dict[tuple, TensorSpec]
 
 
 def _tensor_files(path: str) -> dict[str, str]:
-  """Tensor name -> safetensors file."""
+  """Tensor name -> safetensors file, from the index or the single file's header."""
   index = os.path.join(path, "model.safetensors.index.json")
   single = os.path.join(path, "model.safetensors")
   if os.path.isfile(index):
-    with open(index, encoding="utf-8") as f:
-      weight_map = json.load(f)["weight_map"]
+    try:
+      with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{index} is not a valid safetensors index: {e!r}") from e
     files = {}
     for name, shard in weight_map.items():
       file = os.path.join(path, shard)
@@ -211,97 +136,47 @@ def _tensor_files(path: str) -> dict[str, str]:
       files[name] = file
     return files
   if os.path.isfile(single):
-    with safe_open(single, framework="np") as f:
-      return {name: single for name in f.keys()}
+    return {name: single for name in _header(single)}
   raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
 
 
-def _expected_hf_shapes(c: transformer.ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-  d, h, kv, dh, f, v = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.mlp_dim, c.vocab_size
-  shapes = {f"{prefix}embed_tokens.weight": (v, d), f"{prefix}norm.weight": (d,)}
-  if not c.tie_embeddings:
-    shapes["lm_head.weight"] = (v, d)
-  for i in range(c.n_layers):
-    p = f"{prefix}layers.{i}."
-    shapes.update({
-        p + "self_attn.q_proj.weight": (h * dh, d),
-        p + "self_attn.k_proj.weight": (kv * dh, d),
-        p + "self_attn.v_proj.weight": (kv * dh, d),
-        p + "self_attn.o_proj.weight": (d, h * dh),
-        p + "mlp.gate_proj.weight": (f, d),
-        p + "mlp.up_proj.weight": (f, d),
-        p + "mlp.down_proj.weight": (d, f),
-        p + "input_layernorm.weight": (d,),
-        p + "post_attention_layernorm.weight": (d,),
-    })
-    if c.qkv_bias:
-      shapes.update({
-          p + "self_attn.q_proj.bias": (h * dh,),
-          p + "self_attn.k_proj.bias": (kv * dh,),
-          p + "self_attn.v_proj.bias": (kv * dh,),
-      })
-  return shapes
+def _header(file: str) -> dict[str, tuple[tuple[int, ...], str]]:
+  """Tensor name -> (shape, safetensors dtype) of one file; checks it is not truncated."""
+  try:
+    with safe_open(file, framework="np") as f:
+      out = {}
+      for name in f.keys():
+        s = f.get_slice(name)
+        out[name] = (tuple(s.get_shape()), s.get_dtype())
+      return out
+  except Exception as e:  # safetensors raises its own error type for damaged files
+    raise ValueError(f"safetensors file {file!r} is unreadable or truncated: {e}") from e
 
 
-def _to_params(c: transformer.ModelConfig, t: dict[str, np.ndarray], prefix: str) -> dict:
-  """Pure dict of parameters (our layout) from HF tensors (already shape-checked)."""
-  d, h, kv, dh = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
-  out: dict[str, Any] = {"embed": t[f"{prefix}embed_tokens.weight"],
-                         "final_norm": {"scale": t[f"{prefix}norm.weight"]}, "layers": {}}
-  if not c.tie_embeddings:
-    out["lm_head"] = t["lm_head.weight"].T
-  for i in range(c.n_layers):
-    p = f"{prefix}layers.{i}."
-    attn = {
-        "q": t[p + "self_attn.q_proj.weight"].T.reshape(d, h, dh),
-        "k": t[p + "self_attn.k_proj.weight"].T.reshape(d, kv, dh),
-        "v": t[p + "self_attn.v_proj.weight"].T.reshape(d, kv, dh),
-        "o": t[p + "self_attn.o_proj.weight"].T.reshape(h, dh, d),
-    }
-    if c.qkv_bias:
-      attn["q_bias"] = t[p + "self_attn.q_proj.bias"].reshape(h, dh)
-      attn["k_bias"] = t[p + "self_attn.k_proj.bias"].reshape(kv, dh)
-      attn["v_bias"] = t[p + "self_attn.v_proj.bias"].reshape(kv, dh)
-    out["layers"][i] = {
-        "attn": attn,
-        "attn_norm": {"scale": t[p + "input_layernorm.weight"]},
-        "mlp": {"gate": t[p + "mlp.gate_proj.weight"].T, "up": t[p + "mlp.up_proj.weight"].T,
-                "down": t[p + "mlp.down_proj.weight"].T},
-        "mlp_norm": {"scale": t[p + "post_attention_layernorm.weight"]},
-    }
-  return out
-
-
-def load_hf_checkpoint(
-    path: str,
-    *,
-    dtype=None,
-    param_dtype=None,
-) -> tuple[transformer.ModelConfig, nnx.State]:
-  """Reads a Llama or Qwen2 safetensors checkpoint directory.
+def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoint:
+  """Checks a checkpoint directory without reading tensor data.
 
   Args:
     path: directory with `config.json` and `model.safetensors` or a sharded
       `model.safetensors.index.json` (as written by `save_pretrained`).
-    dtype: compute dtype override (default: the storage dtype).
+    dtype: compute dtype override (default: the param dtype).
     param_dtype: storage dtype override (default: the checkpoint's dtype).
 
-  Returns:
-    `(config, params)`; `transformer.abstract_model(config)[0]` is the
-    matching `graphdef`, and `transformer.apply(graphdef, params, ...)` runs
-    the model.
-
   Raises:
-    ValueError: missing files; an unsupported architecture or option (see
-      `model_config_from_hf`); a missing or unexpected tensor, or one whose
-      shape disagrees with `config.json` (the message names the tensor).
+    ValueError: missing, unreadable or truncated files; an unsupported
+      architecture or option (see `hf_config.model_config_from_hf`); a missing
+      or unexpected tensor; a tensor whose shape disagrees with `config.json`
+      (naming the tensor and both shapes) or stored in a dtype outside
+      `ALLOWED_TENSOR_DTYPES`.
   """
   if not os.path.isdir(path):
     raise ValueError(f"checkpoint path {path!r} is not a directory")
-  config = model_config_from_hf(_read_config(path), dtype=dtype, param_dtype=param_dtype)
+  hf = hf_config.read_config(path)
+  config = hf_config.model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
   files = _tensor_files(path)
   prefix = "model." if any(n.startswith("model.") for n in files) else ""
-  expected = _expected_hf_shapes(config, prefix)
+  specs = tensor_specs(config, prefix)
+  expected = {s.name: s.hf_shape for s in specs.values()}
   missing = sorted(set(expected) - set(files))
   if missing:
     raise ValueError(f"checkpoint {path!r} is missing tensor(s) {missing[:5]}"
@@ -312,22 +187,172 @@ def load_hf_checkpoint(
   if unexpected:
     raise ValueError(f"checkpoint {path!r} has unexpected tensor(s) {unexpected[:5]} for "
                      f"this config")
-  by_file: dict[str, list[str]] = {}
-  for name in expected:
-    by_file.setdefault(files[name], []).append(name)
-  tensors = {}
-  for file, names in sorted(by_file.items()):
-    with safe_open(file, framework="np") as f:
-      for name in names:
-        shape = tuple(f.get_slice(name).get_shape())
-        if shape != expected[name]:
-          raise ValueError(f"tensor {name!r} has shape {shape}, expected {expected[name]} "
-                           f"from config.json")
-        tensors[name] = f.get_tensor(name)
-  pure = _to_params(config, tensors, prefix)
+  headers: dict[str, dict] = {}
+  for name in sorted(expected):
+    file = files[name]
+    if file not in headers:
+      headers[file] = _header(file)
+    if name not in headers[file]:
+      raise ValueError(f"tensor {name!r} is listed for {file!r} but not stored there")
+    shape, stored = headers[file][name]
+    if shape != expected[name]:
+      raise ValueError(f"tensor {name!r} has shape {shape}, expected {expected[name]} "
+                       f"from config.json")
+    if stored not in ALLOWED_TENSOR_DTYPES:
+      raise ValueError(f"tensor {name!r} is stored as {stored}; allowed: "
+                       f"{list(ALLOWED_TENSOR_DTYPES)}")
+  return HFCheckpoint(path, hf, config, files, specs)
+
+
+def _bounds(index: tuple, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+  """Concrete `(start, stop)` per axis of a `make_array_from_callback` index."""
+  out = []
+  for sl, n in zip(tuple(index) + (slice(None),) * (len(shape) - len(index)), shape):
+    start, stop, step = sl.indices(n)
+    if step != 1:
+      raise ValueError(f"strided shard index {sl} is not supported")
+    out.append((start, stop))
+  return out
+
+
+def read_slice(tensor, kind: str, head_dim: int, index: tuple,
+               shape: tuple[int, ...]) -> np.ndarray:
+  """The `index` block of a parameter (our layout) from a lazy safetensors slice.
+
+  Args:
+    tensor: `safe_open(...).get_slice(name)` (or anything sliceable like it).
+    kind: the layout relation (`TensorSpec.kind`).
+    head_dim: `Dh`, to split `H·Dh` rows into whole heads.
+    index: tuple of slices into the parameter of shape `shape`.
+    shape: the parameter's (our layout) shape.
+
+  Returns:
+    The block as a NumPy array in the tensor's stored dtype. Only the heads,
+    rows and columns the block needs are read (for the head kinds: whole
+    heads, then the `head_dim` sub-range).
+  """
+  b = _bounds(index, shape)
+  s = lambda i: slice(*b[i])  # pylint: disable=unnecessary-lambda-assignment
+  if kind == "same":
+    return tensor[tuple(s(i) for i in range(len(shape)))]
+  if kind == "t":
+    return tensor[s(1), s(0)].T
+  (h0, h1), (k0, k1) = (b[1], b[2]) if kind == "in_heads" else (b[0], b[1])
+  rows = slice(h0 * head_dim, h1 * head_dim)
+  if kind == "in_heads":  # [H·Dh, D] rows of heads h0..h1 -> [D, H, Dh]
+    x = tensor[rows, s(0)]
+    return x.reshape(h1 - h0, head_dim, -1)[:, k0:k1].transpose(2, 0, 1)
+  if kind == "out_heads":  # [D, H·Dh] columns of heads h0..h1 -> [H, Dh, D]
+    x = tensor[s(2), rows]
+    return x.reshape(-1, h1 - h0, head_dim)[:, :, k0:k1].transpose(1, 2, 0)
+  if kind == "bias_heads":
+    return tensor[rows].reshape(h1 - h0, head_dim)[:, k0:k1]
+  raise ValueError(f"unknown tensor kind {kind!r}; known: {_KINDS}")
+
+
+def _param_shape(spec: TensorSpec, head_dim: int) -> tuple[int, ...]:
+  hs = spec.hf_shape
+  if spec.kind == "same":
+    return hs
+  if spec.kind == "t":
+    return hs[::-1]
+  if spec.kind == "in_heads":
+    return (hs[1], hs[0] // head_dim, head_dim)
+  if spec.kind == "out_heads":
+    return (hs[1] // head_dim, head_dim, hs[0])
+  return (hs[0] // head_dim, head_dim)
+
+
+def _single_device_shardings(abstract: nnx.State) -> Any:
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda _: device, abstract)
+
+
+def load_params(checkpoint: HFCheckpoint, shardings: Optional[nnx.State] = None) -> nnx.State:
+  """The checkpoint's parameters, each built in its shards.
+
+  Args:
+    checkpoint: from `open_hf_checkpoint`.
+    shardings: `nnx.State` of `jax.sharding.Sharding`s shaped like the model's
+      parameters (e.g. `placement.shard_model(config, mesh).param_shardings`
+      or the learner's); default: everything on the first device.
+
+  Returns:
+    `nnx.State` of `nnx.Param`s with global `jax.Array` leaves in
+    `checkpoint.config.param_dtype`. Each process reads, for each tensor, only
+    the slices its addressable devices hold (each distinct slice once).
+
+  Raises:
+    ValueError: `shardings` does not have the model's parameter structure.
+  """
+  config = checkpoint.config
   _, params = transformer.abstract_model(config)
-  pd = config.param_dtype
-  # Cast on the host (NumPy / ml_dtypes), then one transfer per tensor.
-  nnx.replace_by_pure_dict(
-      params, pure, replace_fn=lambda var, x: var.replace(jnp.asarray(np.asarray(x).astype(pd))))
-  return config, params
+  shardings = _single_device_shardings(params) if shardings is None else shardings
+  try:
+    by_path = nnx.to_pure_dict(shardings)
+  except Exception as e:
+    raise ValueError(f"shardings must be an nnx.State like the parameters: {e!r}") from e
+  flat_shardings = traverse_util.flatten_dict(by_path)
+  if set(flat_shardings) != set(checkpoint.specs):
+    raise ValueError(f"shardings do not match the model's parameters: differing paths "
+                     f"{sorted(set(flat_shardings) ^ set(checkpoint.specs), key=str)[:5]}")
+  pd = np.dtype(config.param_dtype)
+  by_file: dict[str, list[tuple]] = {}
+  for path, spec in checkpoint.specs.items():
+    by_file.setdefault(checkpoint.files[spec.name], []).append(path)
+  arrays = {}
+  for file, paths in sorted(by_file.items()):
+    with safe_open(file, framework="np") as f:
+      for path in paths:
+        spec = checkpoint.specs[path]
+        arrays[path] = _load_one(f.get_slice(spec.name), spec, config.head_dim,
+                                 flat_shardings[path], pd)
+  nnx.replace_by_pure_dict(params, traverse_util.unflatten_dict(arrays),
+                           replace_fn=lambda var, x: var.replace(x))
+  return params
+
+
+def _load_one(tensor, spec: TensorSpec, head_dim: int, sharding, dtype: np.dtype) -> jax.Array:
+  """One global array; each distinct device slice is read and cast once."""
+  shape = _param_shape(spec, head_dim)
+  blocks: dict[tuple, np.ndarray] = {}
+
+  def callback(index):
+    key = tuple(map(tuple, _bounds(index, shape)))
+    if key not in blocks:
+      blocks[key] = np.ascontiguousarray(
+          read_slice(tensor, spec.kind, head_dim, index, shape).astype(dtype))
+    return blocks[key]
+
+  return jax.make_array_from_callback(shape, sharding, callback)
+
+
+def load_hf_checkpoint(
+    path: str,
+    *,
+    dtype=None,
+    param_dtype=None,
+    shardings=None,
+) -> tuple[transformer.ModelConfig, nnx.State]:
+  """Checks and loads a Llama, Qwen2 or Qwen3 safetensors checkpoint directory.
+
+  Args:
+    path: see `open_hf_checkpoint`.
+    dtype: compute dtype override (default: the param dtype).
+    param_dtype: storage dtype override (default: the checkpoint's dtype).
+    shardings: optional `nnx.State` of shardings, or a function
+      `ModelConfig -> shardings` (the shardings depend on the shape read from
+      `config.json`); default: the first device.
+
+  Returns:
+    `(config, params)`; `transformer.abstract_model(config)[0]` is the
+    matching `graphdef`, and `transformer.apply(graphdef, params, ...)` runs
+    the model.
+
+  Raises:
+    ValueError: see `open_hf_checkpoint`; raised before any tensor is read.
+  """
+  checkpoint = open_hf_checkpoint(path, dtype=dtype, param_dtype=param_dtype)
+  if callable(shardings):
+    shardings = shardings(checkpoint.config)
+  return checkpoint.config, load_params(checkpoint, shardings)

@@ -1,11 +1,12 @@
-"""Decoder-only transformer of the Llama / Qwen2 family in Flax NNX.
+"""Decoder-only transformer of the Llama / Qwen2 / Qwen3 family in Flax NNX.
 
-Architecture (Touvron et al., 2023, "LLaMA"; Qwen2 technical report, 2024):
-pre-norm blocks with RMSNorm (Zhang & Sennrich, 2019), rotary position
-embeddings (Su et al., 2021, "RoFormer") in the "rotate half" layout used by
-Hugging Face checkpoints, grouped-query attention (Ainslie et al., 2023),
-optional q/k/v biases (Qwen2), a SwiGLU MLP (Shazeer, 2020) and tied or untied
-input/output embeddings.
+Architecture (Touvron et al., 2023, "LLaMA"; Qwen2 technical report, 2024;
+Qwen3 technical report, 2025): pre-norm blocks with RMSNorm (Zhang & Sennrich,
+2019), rotary position embeddings (Su et al., 2021, "RoFormer") in the
+"rotate half" layout used by Hugging Face checkpoints, grouped-query attention
+(Ainslie et al., 2023), optional q/k/v biases (Qwen2), optional per-head
+RMSNorm of queries and keys before the rotary embedding (Qwen3), a SwiGLU MLP
+(Shazeer, 2020) and tied or untied input/output embeddings.
 
 The module is used functionally: `init_model` splits it once into a static
 `graphdef` and a `params` state; `apply(graphdef, params, ...)` is a pure
@@ -66,6 +67,9 @@ class ModelConfig:
     mlp_dim: hidden width of the SwiGLU MLP.
     rope_theta: rotary embedding base.
     qkv_bias: whether q/k/v projections have biases (Qwen2).
+    qk_norm: RMSNorm of each query and key head over `head_dim` (learned
+      `[head_dim]` scales shared by the heads) before the rotary embedding
+      (Qwen3).
     tie_embeddings: output projection is the transposed input embedding.
     norm_eps: RMSNorm epsilon.
     max_seq_len: longest position the model is used with.
@@ -82,6 +86,7 @@ class ModelConfig:
   mlp_dim: int
   rope_theta: float = 10_000.0
   qkv_bias: bool = False
+  qk_norm: bool = False
   tie_embeddings: bool = True
   norm_eps: float = 1e-6
   max_seq_len: int = 2048
@@ -141,6 +146,16 @@ _PRESETS = {
         head_dim=128, mlp_dim=18_944, rope_theta=1_000_000.0, qkv_bias=True,
         tie_embeddings=False, norm_eps=1e-6, max_seq_len=32_768,
         dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "qwen3_0_6b": ModelConfig(
+        vocab_size=151_936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+        head_dim=128, mlp_dim=3072, rope_theta=1_000_000.0, qk_norm=True,
+        tie_embeddings=True, norm_eps=1e-6, max_seq_len=40_960,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "qwen3_8b": ModelConfig(
+        vocab_size=151_936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
+        head_dim=128, mlp_dim=12_288, rope_theta=1_000_000.0, qk_norm=True,
+        tie_embeddings=False, norm_eps=1e-6, max_seq_len=40_960,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
     "llama3_2_1b": ModelConfig(
         vocab_size=128_256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
         head_dim=64, mlp_dim=8192, rope_theta=500_000.0, qkv_bias=False,
@@ -163,7 +178,7 @@ def get_model_config(name: str, **overrides) -> ModelConfig:
 
   Args:
     name: one of `PRESETS` (`tiny`, `qwen2_0_5b`, `qwen2_1_5b`, `qwen2_7b`,
-      `llama3_2_1b`, `llama3_2_3b`). Only `tiny` is meant to be initialised
+      `qwen3_0_6b`, `qwen3_8b`, `llama3_2_1b`, `llama3_2_3b`). Only `tiny` is meant to be initialised
       randomly; the others give the shapes of the published checkpoints.
     **overrides: `ModelConfig` fields to replace (e.g. `vocab_size=`).
 
@@ -263,11 +278,16 @@ def _dot(eq, x, w, dtype):
 
 
 class RMSNorm(nnx.Module):
-  """RMSNorm computed in float32, scaled by a learned `[D]` weight."""
+  """RMSNorm over the last axis computed in float32, scaled by a learned weight.
 
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+  The weight is `[D]` (`embed` axis) by default, or `[head_dim]` for the
+  per-head query/key norms (`axis="head_dim"`).
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, axis: str = "embed"):
     self.eps = config.norm_eps
-    self.scale = _param(rngs, _ones, (config.d_model,), ("embed",), config.param_dtype)
+    size = config.d_model if axis == "embed" else config.head_dim
+    self.scale = _param(rngs, _ones, (size,), (axis,), config.param_dtype)
 
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
@@ -305,7 +325,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with rotary embeddings and optional q/k/v bias."""
+  """Grouped-query self-attention with rotary embeddings, optional q/k/v bias and q/k norm."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c = config
@@ -323,6 +343,11 @@ class Attention(nnx.Module):
       self.v_bias = _param(rngs, _zeros, (kv, dh), ("kv_heads", "head_dim"), pd)
     else:
       self.q_bias = self.k_bias = self.v_bias = None
+    if c.qk_norm:
+      self.q_norm = RMSNorm(c, rngs=rngs, axis="head_dim")
+      self.k_norm = RMSNorm(c, rngs=rngs, axis="head_dim")
+    else:
+      self.q_norm = self.k_norm = None
 
   def __call__(self, x, positions, mask, layer_cache=None, index=None):
     """x `[N, T, D]`; mask `[N, T, S]` bool; layer_cache (k, v) with S slots."""
@@ -335,6 +360,9 @@ class Attention(nnx.Module):
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
+    if self.q_norm is not None:  # per head, over head_dim: [N, T, H, Dh]
+      q = self.q_norm(q)
+      k = self.k_norm(k)
     inv_freq = rope_frequencies(c)
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
