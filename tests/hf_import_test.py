@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -67,6 +68,17 @@ class ParityTest(parameterized.TestCase):
       np.testing.assert_array_equal(np.asarray(leaf), np.asarray(one))
     np.testing.assert_allclose(_logits(config, params, ref["tokens"]), ref["logits"],
                                atol=1e-4, rtol=0)
+
+  def test_reads_in_pieces(self):
+    # Blocks filled a few rows at a time give the same arrays.
+    path = os.path.join(_FIXTURES, "llama_untied_rope")
+    _, whole = hf_import.load_hf_checkpoint(path)
+    mesh = parallel.make_mesh((2, 2, 2))
+    with mock.patch.object(hf_import, "_READ_CHUNK_BYTES", 200):
+      _, pieces = hf_import.load_hf_checkpoint(
+          path, shardings=lambda c: placement.shard_model(c, mesh).param_shardings)
+    for a, b in zip(jax.tree.leaves(pieces), jax.tree.leaves(whole)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   def test_head_dim_split_reads(self):
     # A sharding that splits head_dim still reads the right sub-block of each head.

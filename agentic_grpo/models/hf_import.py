@@ -8,11 +8,12 @@ Two steps, so that every check happens before any device memory is spent:
    implies is present, in an allowed dtype, with the implied shape, and that
    no file is truncated. It reads no tensor data.
 2. `load_params(checkpoint, shardings)` builds each parameter as a global
-   `jax.Array` with `jax.make_array_from_callback`: for each addressable
-   device the callback reads only that device's slice through safetensors'
-   lazy `get_slice`, maps it to our layout and casts it to the param dtype on
-   the host. A process therefore reads only the slices its devices hold, and
-   no host holds more than one device slice of one tensor in staging memory.
+   `jax.Array` in its sharding: for each addressable device it reads only
+   that device's block through safetensors' lazy `get_slice`, maps it to our
+   layout, casts it to the param dtype on the host and puts it on the device
+   (`jax.make_array_from_single_device_arrays`). A process therefore reads
+   only the slices its devices hold, and its host staging memory is one
+   device block at a time.
 
 | Hugging Face tensor (`model.` prefix) | shape | parameter | shape |
 |---|---|---|---|
@@ -32,6 +33,7 @@ need no permutation. `hf_export` writes the same table the other way.
 """
 
 import dataclasses
+import gc
 import json
 import os
 from typing import Any, Optional
@@ -280,7 +282,8 @@ def load_params(checkpoint: HFCheckpoint, shardings: Optional[nnx.State] = None)
   Returns:
     `nnx.State` of `nnx.Param`s with global `jax.Array` leaves in
     `checkpoint.config.param_dtype`. Each process reads, for each tensor, only
-    the slices its addressable devices hold (each distinct slice once).
+    the slices its addressable devices hold (each distinct slice once; copies
+    of a slice on other local devices are device-to-device).
 
   Raises:
     ValueError: `shardings` does not have the model's parameter structure.
@@ -312,19 +315,62 @@ def load_params(checkpoint: HFCheckpoint, shardings: Optional[nnx.State] = None)
   return params
 
 
+# Largest read from a safetensors file at once: a block is filled in pieces of whole Hugging
+# Face rows, so that reading a column range (which reads whole rows) and casting cost at most
+# this much beyond the block itself.
+_READ_CHUNK_BYTES = 16 << 20
+# The parameter axis that runs along the Hugging Face tensor's rows (its first axis).
+_ROW_AXIS = {"same": 0, "t": 1, "in_heads": 1, "out_heads": 2, "bias_heads": 0}
+
+
+def _read_block(tensor, spec: TensorSpec, head_dim: int, index: tuple, shape: tuple[int, ...],
+                dtype: np.dtype) -> np.ndarray:
+  """`read_slice` cast to `dtype`, read in pieces of at most ~`_READ_CHUNK_BYTES`."""
+  bounds = _bounds(index, shape)
+  out = np.empty([b - a for a, b in bounds], dtype)
+  axis = _ROW_AXIS[spec.kind]
+  hf_row_elems = int(np.prod(spec.hf_shape[1:], dtype=np.int64))
+  # One step along `axis` covers head_dim HF rows for the head kinds, one row otherwise.
+  rows_per_step = head_dim if spec.kind == "in_heads" else 1
+  item = max(np.dtype(dtype).itemsize, 4)
+  step = max(1, _READ_CHUNK_BYTES // max(1, hf_row_elems * rows_per_step * item))
+  start, stop = bounds[axis]
+  for lo in range(start, stop, step):
+    hi = min(stop, lo + step)
+    sub = list(bounds)
+    sub[axis] = (lo, hi)
+    piece = read_slice(tensor, spec.kind, head_dim, tuple(slice(a, b) for a, b in sub), shape)
+    target = [slice(None)] * len(shape)
+    target[axis] = slice(lo - start, hi - start)
+    out[tuple(target)] = piece
+  return out
+
+
 def _load_one(tensor, spec: TensorSpec, head_dim: int, sharding, dtype: np.dtype) -> jax.Array:
-  """One global array; each distinct device slice is read and cast once."""
+  """One global array from this process's device blocks.
+
+  Each distinct block is read and cast once and put on its first device right
+  away; a device holding a copy of a block already placed gets it device to
+  device. So at most one block of host staging memory is alive at a time
+  (`jax.make_array_from_callback` would hold every local block of the tensor
+  until all of them are read).
+  """
   shape = _param_shape(spec, head_dim)
-  blocks: dict[tuple, np.ndarray] = {}
-
-  def callback(index):
+  placed: dict[tuple, jax.Array] = {}
+  shards = []
+  for device, index in sharding.addressable_devices_indices_map(shape).items():
     key = tuple(map(tuple, _bounds(index, shape)))
-    if key not in blocks:
-      blocks[key] = np.ascontiguousarray(
-          read_slice(tensor, spec.kind, head_dim, index, shape).astype(dtype))
-    return blocks[key]
-
-  return jax.make_array_from_callback(shape, sharding, callback)
+    if key in placed:
+      shards.append(jax.device_put(placed[key], device))
+      continue
+    block = _read_block(tensor, spec, head_dim, index, shape, dtype)
+    placed[key] = jax.device_put(block, device)
+    placed[key].block_until_ready()
+    if block.nbytes > _READ_CHUNK_BYTES:
+      del block
+      gc.collect(0)  # the transfer leaves the host block in a reference cycle: free it now
+    shards.append(placed[key])
+  return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
 def load_hf_checkpoint(
