@@ -147,6 +147,22 @@ class StopAndMaskTest(parameterized.TestCase):
     np.testing.assert_array_equal(free.finish_reason, [sampler.FINISH_LENGTH] * _N)
     np.testing.assert_array_equal(sampler.completion_mask(free.lengths, _T), np.ones((_N, _T)))
 
+  def test_stops_on_any_of_several_ids(self):
+    # A chat model ends on any of its eos ids (end-of-turn, end-of-text): each row stops
+    # at the first greedy token in the set, whichever it is.
+    prompts, lengths, free = self._greedy()
+    free_tokens = np.asarray(free.tokens)
+    stop = sorted({int(free_tokens[0, 2]), int(free_tokens[1, 1])})
+    out = _sample(prompts, lengths, greedy=True, stop_token_ids=stop, pad_id=0)
+    for i in range(_N):
+      hits = np.flatnonzero(np.isin(free_tokens[i], stop))
+      want = hits[0] + 1 if hits.size else _T
+      self.assertEqual(int(out.lengths[i]), want, i)
+      self.assertEqual(int(out.finish_reason[i]),
+                       sampler.FINISH_STOP if hits.size else sampler.FINISH_LENGTH)
+    self.assertLessEqual(int(out.lengths[0]), 3)
+    self.assertLessEqual(int(out.lengths[1]), 2)
+
   def test_stop_at_first_position_with_pad_equal_to_eos(self):
     prompts, lengths, free = self._greedy()
     first = np.asarray(free.tokens[:, 0])

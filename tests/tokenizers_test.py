@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -133,6 +134,28 @@ class HFTokenizerTest(absltest.TestCase):
     self.assertEqual(prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     ids = t.encode(prompt)
     self.assertEqual(ids.count(t.token_id("<|im_start|>")), 2)
+
+  def test_generation_config_eos_ids(self):
+    # The end-of-turn and end-of-text ids of generation_config.json, then eos_token.
+    d = self.create_tempdir().full_path
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+      shutil.copy(os.path.join(self.dir, name), d)
+    t = tok_lib.HFTokenizer(d)
+    self.assertEqual(t.eos_ids, (t.token_id("<|im_end|>"),))
+    end_of_text, end_of_turn = t.token_id("<|endoftext|>"), t.token_id("<|im_end|>")
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+      json.dump({"eos_token_id": [end_of_text, end_of_turn], "pad_token_id": end_of_text}, f)
+    t = tok_lib.HFTokenizer(d)
+    self.assertEqual(t.eos_ids, (end_of_text, end_of_turn))
+    self.assertEqual(t.eos_id, end_of_turn)  # tokenizer_config's eos_token stays eos_id
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+      json.dump({"eos_token_id": t.vocab_size + 5}, f)
+    with self.assertRaisesRegex(ValueError, rf"token ids \[{t.vocab_size + 5}\] .* outside"):
+      tok_lib.HFTokenizer(d)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+      json.dump({"eos_token_id": "<|im_end|>"}, f)
+    with self.assertRaisesRegex(ValueError, "eos_token_id of .* must be a non-negative int"):
+      tok_lib.HFTokenizer(d)
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, "no tokenizer.json"):

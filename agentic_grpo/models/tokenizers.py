@@ -154,16 +154,35 @@ def _token_content(value) -> Optional[str]:
   return value
 
 
+def _id_list(value, what: str) -> list[int]:
+  """`eos_token_id` of generation_config.json: an int, a list of ints, or null."""
+  if value is None:
+    return []
+  values = value if isinstance(value, list) else [value]
+  if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    raise ValueError(f"{what} must be a non-negative int or a list of them, got {value!r}")
+  return list(values)
+
+
 class HFTokenizer:
   """A Hugging Face `tokenizers` JSON tokenizer, with its chat template if given.
 
   Reads `tokenizer.json` and, when present next to it, `tokenizer_config.json`
-  (special tokens, `chat_template`) or a `chat_template.jinja` file.
+  (special tokens, `chat_template`) or a `chat_template.jinja` file, and
+  `generation_config.json` (the ids that end a generation: a chat model lists
+  its end-of-turn token there, e.g. Qwen's `<|im_end|>` or Llama 3's
+  `<|eot_id|>`, next to the end-of-text token).
 
   Attributes:
     vocab_size: number of ids including added tokens.
-    pad_id, bos_id, eos_id: ids of the configured special tokens, or None.
+    pad_id, bos_id, eos_id: ids of the configured special tokens, or None
+      (`eos_id` and `pad_id` fall back to generation_config.json's first
+      `eos_token_id` and its `pad_token_id`).
+    eos_ids: every id that ends a generation, in order, without repeats:
+      generation_config.json's `eos_token_id` (an int or a list), then the
+      tokenizer's `eos_token`. Pass them to the sampler as `stop_token_ids`.
     chat_template: the Jinja template string, or None.
+    directory: the directory the files were read from.
   """
 
   def __init__(self, path: str):
@@ -207,9 +226,33 @@ class HFTokenizer:
         if token_id is None:
           raise ValueError(f"{key}_token {content!r} of {config_file} is not in the vocabulary")
       setattr(self, f"{key}_id", token_id)
+    self.directory = directory
+    self._read_generation_config(os.path.join(directory, "generation_config.json"))
+
+  def _read_generation_config(self, file: str) -> None:
+    generation: dict[str, Any] = {}
+    if os.path.isfile(file):
+      try:
+        with open(file, encoding="utf-8") as f:
+          generation = json.load(f)
+      except ValueError as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    eos = _id_list(generation.get("eos_token_id"), f"eos_token_id of {file}")
+    pad = _id_list(generation.get("pad_token_id"), f"pad_token_id of {file}")
+    bad = [i for i in eos + pad if i >= self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad} of {file} are outside the tokenizer's vocabulary "
+                       f"of {self.vocab_size}")
+    if self.eos_id is not None:
+      eos.append(self.eos_id)
+    self.eos_ids = tuple(dict.fromkeys(eos))
+    if self.eos_id is None and self.eos_ids:
+      self.eos_id = self.eos_ids[0]
+    if self.pad_id is None and pad:
+      self.pad_id = pad[0]
 
   def __repr__(self):
-    return f"HFTokenizer(vocab_size={self.vocab_size})"
+    return f"HFTokenizer(vocab_size={self.vocab_size}, eos_ids={self.eos_ids})"
 
   def token_id(self, token: str) -> int:
     """Id of a token string (e.g. a special token such as `"<|im_end|>"`).
