@@ -49,19 +49,30 @@ def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  """Policy model: a `models.transformer` preset, with optional shape overrides (0 = preset).
+  """Policy model: a `models.transformer` preset (random init) or a Hugging Face checkpoint.
 
   Attributes:
-    preset: `models.transformer` preset name (`tiny`, ...).
+    source: `preset` (a randomly initialised `preset`, byte tokenizer) or `hf` (the
+      checkpoint at `path`: its weights, tokenizer, chat template and eos ids).
+    path: with `source='hf'`: a local directory, a `gs://` directory (copied to local disk
+      first) or `hf://org/name[@revision]` (downloaded through huggingface_hub; needs the
+      network), holding `config.json`, `*.safetensors` (single or index-sharded),
+      `tokenizer.json` / `tokenizer_config.json` and `generation_config.json`.
+    param_dtype: parameter storage dtype: `float32`, `bfloat16`, `float16`, or '' for the
+      source's own (the preset's, or the checkpoint's `dtype` in config.json).
+    preset: `models.transformer` preset name (`tiny`, ...), with `source='preset'`.
     d_model: residual width (0 = preset).
     n_layers: transformer blocks (0 = preset).
     n_heads: query heads (0 = preset).
     n_kv_heads: key/value heads, grouped-query attention (0 = preset).
     head_dim: width of one attention head (0 = preset).
     mlp_dim: hidden width of the MLP (0 = preset).
-    max_seq_len: longest sequence in tokens (0 = preset, at least the largest rl bucket plus
-      workflow.max_new_tokens).
+    max_seq_len: longest sequence in tokens (0 = preset or checkpoint; at least the largest
+      rl bucket plus workflow.max_new_tokens).
   """
+  source: str = "preset"
+  path: str = ""
+  param_dtype: str = ""
   preset: str = "tiny"
   d_model: int = 0
   n_layers: int = 0
@@ -72,10 +83,20 @@ class ModelSection:
   max_seq_len: int = 0
 
   def validate(self, path: str) -> None:
+    _choice(f"{path}.source", self.source, ("preset", "hf"))
+    _choice(f"{path}.param_dtype", self.param_dtype, ("", "float32", "bfloat16", "float16"))
     for f in dataclasses.fields(self):
       if f.type is int:
         _check(getattr(self, f.name) >= 0, f"{path}.{f.name}", "must be >= 0 (0 = preset)",
                getattr(self, f.name))
+    if self.source == "hf":
+      _check(bool(self.path), f"{path}.path", "must name a checkpoint with source='hf'",
+             self.path)
+      for name, value in self.overrides().items():
+        _check(name == "max_seq_len", f"{path}.{name}",
+               "must be 0 with source='hf' (the shape is the checkpoint's)", value)
+    else:
+      _check(not self.path, f"{path}.path", "must be empty with source='preset'", self.path)
 
   def overrides(self) -> dict[str, int]:
     """The non-zero shape overrides, as `ModelConfig` keyword arguments."""

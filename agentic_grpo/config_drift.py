@@ -23,7 +23,7 @@ from agentic_grpo import config as config_lib
 # data position, step layout) or the experiment itself.
 FIXED = frozenset({
     "seed",
-    "model.preset", "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
+    "model.source", "model.path", "model.param_dtype", "model.preset", "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
     "model.head_dim", "model.mlp_dim", "model.max_seq_len",
     "task.source", "task.seed", "task.depths", "task.string_prob", "task.ambiguity_target",
     "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",

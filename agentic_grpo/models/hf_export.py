@@ -1,0 +1,173 @@
+"""Writes the policy as a Hugging Face checkpoint directory (the inverse of `hf_import`).
+
+The directory holds what `from_pretrained` (transformers) and vLLM read:
+`config.json` (`hf_config.hf_config_from_model`, keeping the source
+checkpoint's other keys), `model.safetensors` or index-sharded
+`model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`
+(tensor names and layouts of the table in `hf_import`, in the param dtype,
+metadata `format: pt`), `generation_config.json` and the tokenizer files of
+the source checkpoint.
+
+Parameters may be sharded over a mesh: each tensor is gathered to the host
+one at a time (all processes take part; process 0 writes), so the host holds
+at most one shard file's tensors. The directory is first written under a
+temporary name and renamed when complete, so a crash leaves no half
+checkpoint under `out_dir`.
+"""
+
+import json
+import os
+import shutil
+from typing import Any, Optional
+
+from flax import nnx
+from flax import traverse_util
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+from safetensors.numpy import save_file
+
+from agentic_grpo.models import hf_config
+from agentic_grpo.models import hf_import
+from agentic_grpo.models import transformer
+
+# Files of a checkpoint directory that describe the tokenizer (copied as they are).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model",
+                   "added_tokens.json")
+DEFAULT_SHARD_BYTES = 2 << 30
+
+
+def to_hf_tensor(x: np.ndarray, kind: str) -> np.ndarray:
+  """One parameter (our layout) as its Hugging Face tensor (see `hf_import.TensorSpec`)."""
+  if kind == "same":
+    return x
+  if kind == "t":
+    return x.T
+  if kind == "in_heads":  # [D, H, Dh] -> [H·Dh, D]
+    return x.reshape(x.shape[0], -1).T
+  if kind == "out_heads":  # [H, Dh, D] -> [D, H·Dh]
+    return x.reshape(-1, x.shape[-1]).T
+  if kind == "bias_heads":
+    return x.reshape(-1)
+  raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def _shard_names(n: int) -> list[str]:
+  if n == 1:
+    return ["model.safetensors"]
+  return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def _write_tensors(tmp: str, specs: dict, flat: dict, shard_bytes: int) -> None:
+  """Gathers and writes the tensors in name order, `shard_bytes` per file at most."""
+  order = sorted(specs, key=lambda p: specs[p].name)
+  groups, size = [[]], 0
+  for path in order:
+    nbytes = int(np.prod(flat[path].shape)) * np.dtype(flat[path].dtype).itemsize
+    if groups[-1] and size + nbytes > shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(path)
+    size += nbytes
+  names = _shard_names(len(groups))
+  weight_map, total = {}, 0
+  for name, group in zip(names, groups):
+    tensors = {}
+    for path in group:
+      host = _to_host(flat[path])  # every process takes part in the gather
+      tensors[specs[path].name] = np.ascontiguousarray(to_hf_tensor(host, specs[path].kind))
+      total += host.nbytes
+    if jax.process_index() == 0:
+      save_file(tensors, os.path.join(tmp, name), metadata={"format": "pt"})
+    weight_map.update({t: name for t in tensors})
+    del tensors
+  if len(names) > 1 and jax.process_index() == 0:
+    with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(
+          weight_map.items()))}, f, indent=2)
+
+
+def generation_config(eos_ids, pad_id: Optional[int] = None,
+                      bos_id: Optional[int] = None) -> dict[str, Any]:
+  """A minimal `generation_config.json` ending generation on `eos_ids`."""
+  eos = [int(i) for i in eos_ids]
+  out: dict[str, Any] = {"eos_token_id": eos[0] if len(eos) == 1 else eos}
+  if pad_id is not None:
+    out["pad_token_id"] = int(pad_id)
+  if bos_id is not None:
+    out["bos_token_id"] = int(bos_id)
+  return out
+
+
+def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, *,
+              source_dir: Optional[str] = None,
+              generation: Optional[dict[str, Any]] = None,
+              shard_bytes: int = DEFAULT_SHARD_BYTES) -> str:
+  """Writes `params` as a Hugging Face checkpoint directory.
+
+  Args:
+    out_dir: the directory to create; it must not exist or be empty.
+    config: the model shape; `config.param_dtype` is the stored dtype.
+    params: `nnx.State` of the model's parameters (any sharding).
+    source_dir: the checkpoint the run started from, if any: its
+      `config.json` keys are kept, its tokenizer files and
+      `generation_config.json` copied.
+    generation: `generation_config.json` contents when `source_dir` has none
+      (see `generation_config`); None writes none.
+    shard_bytes: largest safetensors file; more tensors go to further files
+      with an index.
+
+  Returns:
+    `out_dir`.
+
+  Raises:
+    ValueError: `out_dir` exists and is not empty; `params` do not have the
+      structure of `config`; a config no Hugging Face family expresses (see
+      `hf_config.hf_config_from_model`).
+  """
+  if os.path.isdir(out_dir) and os.listdir(out_dir):
+    raise ValueError(f"export directory {out_dir!r} exists and is not empty")
+  base = hf_config.read_config(source_dir) if source_dir else None
+  hf = hf_config.hf_config_from_model(config, base)
+  specs = hf_import.tensor_specs(config, "model.")
+  flat = traverse_util.flatten_dict(nnx.to_pure_dict(params))
+  if set(flat) != set(specs):
+    raise ValueError(f"params do not match the model config: differing paths "
+                     f"{sorted(set(flat) ^ set(specs), key=str)[:5]}")
+  tmp = out_dir.rstrip("/") + ".partial"
+  if jax.process_index() == 0:
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+  _write_tensors(tmp, specs, flat, shard_bytes)
+  if jax.process_index() == 0:
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf, f, indent=2)
+    copied = _copy_tokenizer(source_dir, tmp) if source_dir else False
+    if not copied and generation is not None:
+      with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump(generation, f, indent=2)
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)
+    os.replace(tmp, out_dir)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"export_hf:{out_dir}")
+  return out_dir
+
+
+def _copy_tokenizer(source_dir: str, tmp: str) -> bool:
+  """Copies tokenizer files and generation_config.json; whether the latter existed."""
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(source_dir, name)):
+      shutil.copy(os.path.join(source_dir, name), tmp)
+  gen = os.path.join(source_dir, "generation_config.json")
+  if os.path.isfile(gen):
+    shutil.copy(gen, tmp)
+    return True
+  return False

@@ -1,0 +1,207 @@
+"""Where the policy comes from: a randomly initialised preset or a Hugging Face checkpoint.
+
+`open_model(model_section)` resolves the source and checks everything that
+can be checked on the host (config, tensor headers, tokenizer, dtypes,
+lengths) without spending device memory; it returns a `ModelSource` whose
+`params(shardings, rng)` then builds the parameters in their shards (random
+for `preset`, read from the checkpoint's safetensors for `hf`). `load_model`
+does both.
+
+Paths for `source='hf'`:
+- a local directory: used as it is;
+- `gs://bucket/dir` (any `etils.epath` URL): the directory's files are copied
+  to a local cache directory first (safetensors are read memory-mapped), then
+  loaded as a local one;
+- `hf://org/name[@revision]`: downloaded through `huggingface_hub` (weights,
+  config and tokenizer files only) into its cache; offline, a clear error.
+"""
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from typing import Any, Callable, Optional
+
+from flax import nnx
+
+from agentic_grpo.models import hf_import
+from agentic_grpo.models import placement
+from agentic_grpo.models import tokenizers
+from agentic_grpo.models import transformer
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# Files fetched from a remote checkpoint (no other weights formats, no README/images).
+REMOTE_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model")
+
+
+@dataclasses.dataclass
+class ModelSource:
+  """A checked model source; holds no parameters yet.
+
+  Attributes:
+    kind: `preset` or `hf`.
+    model_config: the model shape and dtypes.
+    graphdef: the static model structure.
+    tokenizer: `ByteTokenizer` (preset) or `HFTokenizer` (hf).
+    local_dir: the checkpoint's local directory (hf), else None.
+    checkpoint: the checked `hf_import.HFCheckpoint` (hf), else None.
+  """
+  kind: str
+  model_config: transformer.ModelConfig
+  graphdef: nnx.GraphDef
+  tokenizer: Any
+  local_dir: Optional[str] = None
+  checkpoint: Optional[hf_import.HFCheckpoint] = None
+
+  def params(self, sharded: placement.ShardedModel, rng) -> nnx.State:
+    """The parameters built in `sharded.param_shardings`.
+
+    Args:
+      sharded: `placement.shard_model(self.model_config, mesh)` or the
+        learner's (`learner.learner_shardings(...)[0]`).
+      rng: key or int seed of a preset's random initialisation (as
+        `placement.init_params`); unused for a checkpoint.
+    """
+    if self.checkpoint is None:
+      return placement.init_params(sharded, self.model_config, rng)
+    return hf_import.load_params(self.checkpoint, sharded.param_shardings)
+
+
+def resolve_path(path: str, *, cache_dir: Optional[str] = None) -> str:
+  """A local directory holding the checkpoint at `path` (see the module doc).
+
+  Raises:
+    ValueError: an empty path; `hf://` while offline or for an unknown repo;
+      a local or remote path that is not a directory.
+  """
+  if not path:
+    raise ValueError("config.model.path is empty; name a checkpoint directory")
+  if path.startswith("hf://"):
+    return _download_hf(path[len("hf://"):], cache_dir)
+  if "://" in path:
+    return _copy_remote(path, cache_dir)
+  if not os.path.isdir(path):
+    raise ValueError(f"config.model.path {path!r} is not a directory")
+  return path
+
+
+def _download_hf(spec: str, cache_dir: Optional[str]) -> str:
+  repo, _, revision = spec.partition("@")
+  if repo.count("/") != 1:
+    raise ValueError(f"hf:// path must be hf://org/name[@revision], got 'hf://{spec}'")
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+  try:
+    return huggingface_hub.snapshot_download(repo, revision=revision or None,
+                                             allow_patterns=list(REMOTE_PATTERNS),
+                                             cache_dir=cache_dir)
+  except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, OSError) as e:
+    raise ValueError(
+        f"cannot download hf://{spec}: this machine looks offline or the Hub is unreachable "
+        f"({type(e).__name__}: {e}). Download the checkpoint where there is network "
+        f"(`huggingface-cli download {repo}`) and set config.model.path to its local or gs:// "
+        f"directory.") from e
+  except errors.HfHubHTTPError as e:
+    raise ValueError(f"cannot download hf://{spec}: {e}") from e
+
+
+def _copy_remote(path: str, cache_dir: Optional[str]) -> str:
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  src = epath.Path(path)
+  if not src.is_dir():
+    raise ValueError(f"config.model.path {path!r} is not a directory")
+  root = cache_dir or os.path.join(tempfile.gettempdir(), "agentic_grpo_checkpoints")
+  local = os.path.join(root, hashlib.sha256(path.encode()).hexdigest()[:16])
+  os.makedirs(local, exist_ok=True)
+  for f in src.iterdir():
+    if f.is_file() and any(epath.Path(f.name).match(p) for p in REMOTE_PATTERNS):
+      target = os.path.join(local, f.name)
+      if not os.path.isfile(target) or os.path.getsize(target) != f.stat().length:
+        f.copy(target, overwrite=True)
+  return local
+
+
+def open_model(section: Any, *, min_seq_len: int = 0, cache_dir: Optional[str] = None
+               ) -> ModelSource:
+  """Resolves and checks the model source of a run; allocates no device memory.
+
+  Args:
+    section: a `config.ModelSection` (`source`, `path`, `param_dtype`, `preset`
+      and shape overrides).
+    min_seq_len: the longest sequence the run uses (largest rl bucket plus
+      `workflow.max_new_tokens`); a preset without a `max_seq_len` override
+      gets `max(min_seq_len, 512)`.
+    cache_dir: where remote checkpoints are copied / downloaded.
+
+  Raises:
+    ValueError: an unknown source or preset, a bad path, a checkpoint that
+      fails `hf_import.open_hf_checkpoint`'s checks, a tokenizer whose
+      vocabulary is larger than the embedding, a tokenizer without eos id,
+      or a model shorter than `min_seq_len`; each names the field or file.
+  """
+  dtype = _DTYPES.get(section.param_dtype) if section.param_dtype else None
+  if section.param_dtype and dtype is None:
+    raise ValueError(f"config.model.param_dtype must be one of {sorted(_DTYPES)} or '', got "
+                     f"{section.param_dtype!r}")
+  overrides = section.overrides()
+  if section.source == "preset":
+    tok = tokenizers.ByteTokenizer()
+    overrides.setdefault("max_seq_len", max(min_seq_len, 512))
+    if dtype:
+      overrides.update(param_dtype=dtype, dtype=dtype)
+    model_config = transformer.get_model_config(section.preset, vocab_size=tok.vocab_size,
+                                                **overrides)
+    source = ModelSource("preset", model_config, transformer.abstract_model(model_config)[0],
+                         tok)
+  elif section.source == "hf":
+    local = resolve_path(section.path, cache_dir=cache_dir)
+    checkpoint = hf_import.open_hf_checkpoint(local, param_dtype=dtype)
+    if "max_seq_len" in overrides:
+      checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
+          checkpoint.config, max_seq_len=overrides["max_seq_len"]))
+    tok = _checkpoint_tokenizer(local, checkpoint.config)
+    source = ModelSource("hf", checkpoint.config,
+                         transformer.abstract_model(checkpoint.config)[0], tok, local, checkpoint)
+  else:
+    raise ValueError(f"config.model.source must be 'preset' or 'hf', got {section.source!r}")
+  if source.model_config.max_seq_len < min_seq_len:
+    raise ValueError(f"config.model.max_seq_len must be >= rl.buckets[-1] + "
+                     f"workflow.max_new_tokens = {min_seq_len}, got "
+                     f"{source.model_config.max_seq_len}")
+  return source
+
+
+def _checkpoint_tokenizer(local: str, config: transformer.ModelConfig
+                          ) -> tokenizers.HFTokenizer:
+  tok = tokenizers.HFTokenizer(local)
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f"the tokenizer in {local!r} has {tok.vocab_size} ids, more than the "
+                     f"model's embedding ({config.vocab_size} rows, config.json vocab_size)")
+  if not tok.eos_ids:
+    raise ValueError(f"the tokenizer in {local!r} has no eos token (tokenizer_config.json "
+                     f"eos_token or generation_config.json eos_token_id): generation could "
+                     f"not end")
+  if tok.pad_id is None:  # e.g. Llama 3: pad with the first eos id (masked out anyway)
+    tok.pad_id = tok.eos_ids[0]
+  return tok
+
+
+def load_model(section: Any,
+               shard: Callable[[transformer.ModelConfig], placement.ShardedModel],
+               rng, *, min_seq_len: int = 0, cache_dir: Optional[str] = None
+               ) -> tuple[transformer.ModelConfig, nnx.GraphDef, nnx.State, Any]:
+  """`open_model` then its parameters: `(model_config, graphdef, params, tokenizer)`.
+
+  Args:
+    section: a `config.ModelSection`.
+    shard: `model_config -> placement.ShardedModel` (e.g.
+      `lambda c: learner.learner_shardings(c, mesh, optimizer, rules)[0]`).
+    rng: the key of a preset's random initialisation (unused for `hf`).
+    min_seq_len, cache_dir: as `open_model`.
+
+  Raises:
+    ValueError: as `open_model`, before any device memory is spent.
+  """
+  source = open_model(section, min_seq_len=min_seq_len, cache_dir=cache_dir)
+  params = source.params(shard(source.model_config), rng)
+  return source.model_config, source.graphdef, params, source.tokenizer
