@@ -11,6 +11,11 @@ the mesh does not divide.
   python -m launch.plan --model=qwen2_7b --mesh=1,8,4 --learner_rows=64 \
       --seq_len=4096 --micro_batches=4 --sample_rows=128 --cache_len=4096 --hbm_gib=95
 
+`--hf_config=PATH` sizes the Hugging Face model to be loaded instead of a preset:
+PATH is its `config.json` or the checkpoint directory holding it (read with
+`models.hf_config`, the same reader the run uses; `--param_dtype` overrides the
+checkpoint's dtype as `config.model.param_dtype` would).
+
 Activations are an estimate of what the backward pass keeps (no
 rematerialisation, as the model is written): per layer and token the block
 input, both norm outputs, q/k/v, attention probabilities and output, the MLP
@@ -36,10 +41,16 @@ import numpy as np
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.models import hf_config
 from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
 
 _MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {transformer.PRESETS}")
+_HF_CONFIG = flags.DEFINE_string(
+    "hf_config", "", "a Hugging Face config.json (or its directory) to size instead of --model")
+_PARAM_DTYPE = flags.DEFINE_enum(
+    "param_dtype", "", ["", "float32", "bfloat16", "float16"],
+    "parameter dtype ('' = the preset's or the checkpoint's)")
 _MESH = flags.DEFINE_string("mesh", "-1,1,1", "data,fsdp,tensor sizes (one may be -1)")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0,
                                     "devices in the slice (0 = product of --mesh)")
@@ -197,6 +208,22 @@ def format_plan(plan: Plan, model_name: str, hbm_gib: float = 0.0) -> str:
   return "\n".join(lines)
 
 
+def model_from_flags(preset: str, hf_config_path: str = "", param_dtype: str = ""
+                     ) -> tuple[transformer.ModelConfig, str]:
+  """`(model_config, name)` of a preset, or of a Hugging Face `config.json` when given.
+
+  Raises:
+    ValueError: an unknown preset, or a config.json the run could not load (see
+      `hf_config.model_config_from_hf`).
+  """
+  if hf_config_path:
+    hf = hf_config.read_config(hf_config_path)
+    config = hf_config.model_config_from_hf(hf, param_dtype=param_dtype or None)
+    return config, f"{hf_config.family(hf)} from {hf_config_path}"
+  overrides = {"param_dtype": param_dtype, "dtype": param_dtype} if param_dtype else {}
+  return transformer.get_model_config(preset, **overrides), preset
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
@@ -208,11 +235,11 @@ def main(argv):
   if -1 in sizes and not _NUM_DEVICES.value:
     raise app.UsageError("--mesh has a -1: give --num_devices")
   shape = parallel.resolve_mesh_shape(sizes, num_devices)
-  model_config = transformer.get_model_config(_MODEL.value)
+  model_config, name = model_from_flags(_MODEL.value, _HF_CONFIG.value, _PARAM_DTYPE.value)
   plan = make_plan(model_config, shape, learner_rows=_LEARNER_ROWS.value, seq_len=_SEQ_LEN.value,
                    micro_batches=_MICRO.value, sample_rows=_SAMPLE_ROWS.value,
                    cache_len=_CACHE_LEN.value)
-  print(format_plan(plan, _MODEL.value, _HBM.value))
+  print(format_plan(plan, name, _HBM.value))
 
 
 if __name__ == "__main__":

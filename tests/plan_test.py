@@ -2,6 +2,8 @@
 
 import contextlib
 import io
+import json
+import os
 
 from absl.testing import absltest
 from absl.testing import flagsaver
@@ -80,6 +82,29 @@ class PlanTest(absltest.TestCase):
                      sample_rows=1, cache_len=8)
     with self.assertRaisesRegex(ValueError, "seq_len"):
       plan.make_plan(_TINY, (1, 1, 1), learner_rows=4, seq_len=0, sample_rows=1, cache_len=8)
+
+  def test_hf_config(self):
+    # A Qwen3-8B config.json (keys as published) sizes like the qwen3_8b preset.
+    path = os.path.join(self.create_tempdir().full_path, "config.json")
+    with open(path, "w") as f:
+      json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                 "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+                 "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+                 "rope_theta": 1000000, "tie_word_embeddings": False,
+                 "torch_dtype": "bfloat16"}, f)
+    config, name = plan.model_from_flags("tiny", path)
+    self.assertEqual(config, transformer.get_model_config("qwen3_8b"))
+    self.assertEqual(name, f"qwen3 from {path}")
+    f32, _ = plan.model_from_flags("tiny", os.path.dirname(path), "float32")
+    self.assertEqual(f32.param_dtype, np.float32)
+    out = io.StringIO()
+    with flagsaver.flagsaver(hf_config=path, mesh="1,8,1", num_devices=0):
+      with contextlib.redirect_stdout(out):
+        plan.main(["plan"])
+    self.assertIn("8.191 B parameters", out.getvalue())
+    with self.assertRaisesRegex(ValueError, "no config.json"):
+      plan.model_from_flags("tiny", "/nonexistent")
 
   def test_main_prints_the_table(self):
     out = io.StringIO()
