@@ -23,6 +23,7 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import hf_export
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import placement
@@ -159,11 +160,11 @@ class EndToEndTest(parameterized.TestCase):
     tokens, _, _, loss_mask = sampler.join_prompt_completion(prompts, lengths, out.tokens,
                                                               out.lengths)
     n, t = tokens.shape
-    batch = parallel.put_batch(learner.to_device_batch({
-        "tokens": tokens, "loss_mask": loss_mask,
-        "behaviour_logprobs": np.zeros((n, t), np.float32),
-        "advantages": np.linspace(-1, 1, n, dtype=np.float32)[:, None].repeat(t, 1),
-        "sample_weights": np.ones((n,), np.float32)}), mesh, cfg.mesh.rules())
+    batch = parallel.put_batch(core_types.UpdateBatch(
+        tokens=np.asarray(tokens, np.int32), loss_mask=np.asarray(loss_mask, bool),
+        behaviour_logprobs=np.zeros((n, t), np.float32),
+        advantages=np.linspace(-1, 1, n, dtype=np.float32)[:, None].repeat(t, 1),
+        sample_weights=np.ones((n,), np.float32)).check(), mesh, cfg.mesh.rules())
     update = learner.make_update_step(graphdef, cfg, optimizer, shardings=sh)
     state, metrics = update(state, batch, ref)
     self.assertEqual(int(jax.device_get(metrics["update_skipped"])), 0)
