@@ -161,7 +161,15 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
     pool: a sandbox pool to use instead of a new `SandboxPool` (tests).
     workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests); the
       config is `cfg.workflow` (with `stage_rewards` and `reward_mode` replaced for evaluation).
+
+  Raises:
+    ValueError: `config.model.source='hf'` or `config.model.param_dtype` (read by
+      `models.sources`, not yet by this builder).
   """
+  if cfg.model.source != "preset" or cfg.model.param_dtype:
+    raise ValueError(f"config.model.source={cfg.model.source!r} / config.model.param_dtype="
+                     f"{cfg.model.param_dtype!r}: the run builds presets only so far; "
+                     f"models.sources.load_model and python -m launch.export read them")
   tok = tokenizers.ByteTokenizer()
   overrides = cfg.model.overrides()
   overrides.setdefault("max_seq_len", max(cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens, 512))

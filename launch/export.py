@@ -8,8 +8,9 @@ safetensors in the parameters' dtype, `config.json`, and, for a run started
 from a Hugging Face checkpoint (`config.model.source='hf'`), its tokenizer
 files and `generation_config.json`; a preset run (byte tokenizer) gets a
 `generation_config.json` with the byte tokenizer's eos id and no tokenizer
-files. transformers (`AutoModelForCausalLM.from_pretrained(DIR)`) and vLLM
-load the directory as they load the original checkpoint.
+files. The files are those `save_pretrained` writes; that
+`AutoModelForCausalLM.from_pretrained(DIR)` loads them and computes our logits is
+checked by `tests/fixtures/check_hf_export.py`.
 
 Exit codes: 0 done, 1 a crash, 74 no intact checkpoint (or not step N),
 78 a bad flag or an output directory that exists and is not empty.

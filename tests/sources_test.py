@@ -23,6 +23,7 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo import train
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import hf_export
 from agentic_grpo.models import hf_import
@@ -113,6 +114,12 @@ class PresetTest(absltest.TestCase):
     _leaves_equal(source.params(sm, 7), placement.init_params(sm, source.model_config, 7))
     bf16 = sources.open_model(config_lib.ModelSection(param_dtype="bfloat16"))
     self.assertEqual(bf16.model_config.param_dtype, np.dtype("bfloat16"))
+
+
+  def test_run_refuses_what_it_does_not_build(self):
+    cfg = config_lib.from_config_dict({"model": {"source": "hf", "path": "/ckpt"}})
+    with self.assertRaisesRegex(ValueError, r"config.model.source='hf'.*presets only"):
+      train.build(cfg, pool=object())
 
 
 class EndToEndTest(parameterized.TestCase):

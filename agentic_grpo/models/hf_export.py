@@ -1,6 +1,6 @@
 """Writes the policy as a Hugging Face checkpoint directory (the inverse of `hf_import`).
 
-The directory holds what `from_pretrained` (transformers) and vLLM read:
+The directory holds the files `save_pretrained` writes and `from_pretrained` reads:
 `config.json` (`hf_config.hf_config_from_model`, keeping the source
 checkpoint's other keys), `model.safetensors` or index-sharded
 `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`
