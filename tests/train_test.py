@@ -310,18 +310,20 @@ class TrainTest(parameterized.TestCase):
                                   "eval.num_samples": 0, "checkpoint.every": 0})
     full, parts = self.create_tempdir().full_path, self.create_tempdir().full_path
     train.run(cfg, full, pool=self.pool, transfer_guard="disallow")
-    SignalingWorkflow.calls, SignalingWorkflow.at = 0, 4
+    SignalingWorkflow.calls, SignalingWorkflow.at = 0, 8  # (evaluation closes stages too)
     with self.assertRaisesRegex(train.Preempted, "SIGTERM") as stopped:
       train.run(cfg, parts, pool=self.pool, workflow_factory=SignalingWorkflow)
     self.assertBetween(stopped.exception.step, 2, 5)
-    self.assertEqual(checkpointing.Checkpointer(os.path.join(parts, "checkpoints")).latest_step(),
-                     stopped.exception.step)
+    saved = checkpointing.Checkpointer(os.path.join(parts, "checkpoints"))
+    self.assertEqual(saved.latest_step(), stopped.exception.step)
+    self.assertEqual(saved.read_meta()["phase"], "rl")
     self.assertEqual(train.run(cfg, parts, pool=self.pool)["step"], 6)
     self.assertEqual(_history(parts), _history(full))
     self._assert_same(self._final(full, cfg), self._final(parts, cfg), "SIGTERM")
 
   def test_prompts_longer_than_every_bucket_stop_at_startup(self):
-    cfg = _micro(tiny_codegen, **{"rl.buckets": (64,), "workflow.max_new_tokens": 40})
+    cfg = _micro(tiny_codegen, **{"rl.buckets": (64,), "warmstart.seq_len": 64,
+                                  "workflow.max_new_tokens": 40})
     with self.assertRaisesRegex(train.StartupCheckError,
                                 r"config\.rl\.buckets.*raise rl\.buckets to at least"):
       train.build(cfg, pool=self.pool)
@@ -331,6 +333,7 @@ class TrainTest(parameterized.TestCase):
       ("stages_skipped_for_length", (64,), "contexts longer than the largest bucket"))
   def test_rl_without_signal_says_why(self, buckets, cause):
     cfg = _micro(tiny_codegen, **{"rl.num_steps": 50, "rl.buckets": buckets,
+                                  "warmstart.seq_len": buckets[-1],
                                   "rl.max_idle_batches": 2, "replay.skip_zero_advantage": True,
                                   "eval.num_samples": 0, "checkpoint.every": 0})
     result = train.run(cfg, self.create_tempdir().full_path, pool=self.pool)

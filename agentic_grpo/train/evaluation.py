@@ -62,7 +62,8 @@ def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
 
 
 def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params: Any, *,
-             sampled: bool, baseline: Optional[np.ndarray] = None) -> tuple[dict[str, float], np.ndarray]:
+             sampled: bool, baseline: Optional[np.ndarray] = None
+             ) -> tuple[dict[str, float], np.ndarray]:
   """Held-out metrics: greedy pass@1, hidden-test fraction, stage rewards, sampled pass@k.
 
   `params` is the policy to evaluate (`DeviceSide.policy`, an opaque handle).
