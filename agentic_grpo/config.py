@@ -258,7 +258,7 @@ class RLSection:
 
 @dataclasses.dataclass(frozen=True)
 class LossSection:
-  """`core.losses` options (DESIGN.md §2).
+  """`core.losses` options (docs/design.md §2).
 
   With stage rewards and corrections, use `aggregation='seq_mean_token_sum_norm'` (Dr. GRPO's
   constant normaliser `rows · max_tokens`): a segment's provisional update and its correction
@@ -307,7 +307,7 @@ class LossSection:
 
 @dataclasses.dataclass(frozen=True)
 class CorrectionSection:
-  """Retroactive correction and advantage options (DESIGN.md §1-2).
+  """Retroactive correction and advantage options (docs/design.md §1-2).
 
   `baseline='previous_stage'` subtracts each member's previous-stage reward before the group
   normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).

@@ -14,9 +14,10 @@ time holds a workdir (`agentic_grpo/run_lock.py`).
 `--show_config` prints every config field with its value, default and doc, then exits.
 
 Exit codes (`agentic_grpo/exit_codes.py`): 0 done, 65 resume refused for config drift, 73
-workdir held by another run, 74 no intact checkpoint, 75 preempted, 78 config or flag error
-(one line on stderr naming the field, value and allowed range, or the nearest valid name),
-79 the run ended without doing its job, 1 a crash.
+workdir held by another run, 74 no intact checkpoint, 75 preempted (SIGTERM or SIGINT: the
+current step finished and a checkpoint written; rerun to resume), 78 config or flag error (one
+line on stderr naming the field, value and allowed range, or the nearest valid name), 79 the
+run ended without doing its job (the last line says why), 1 a crash.
 """
 
 import datetime
@@ -143,6 +144,12 @@ def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
     _fail(exit_codes.CONFIG_DRIFT, str(e))
   except checkpointing.CheckpointIntegrityError as e:
     _fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
+  except train.StartupCheckError as e:
+    _fail(exit_codes.CONFIG_ERROR, str(e))
+  except train.Preempted as e:
+    _fail(exit_codes.PREEMPTED, str(e))
+  except train.NonFiniteUpdatesError as e:
+    _fail(exit_codes.NO_PROGRESS, str(e))
   finally:
     lock.release()
 
@@ -177,10 +184,8 @@ def main(argv):
              f"{last['eval/pass_at_1_gain_stderr']:.3f} s.e.)")
   print(line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
-  total = cfg.warmstart.steps + cfg.rl.num_steps
-  if _STOP_AFTER.value is None and result["step"] < total:
-    _fail(exit_codes.NO_PROGRESS, f"the run ended at global step {result['step']} of {total} "
-          f"(no learning signal for rl.max_idle_batches={cfg.rl.max_idle_batches} batches)")
+  if result["incomplete"]:
+    _fail(exit_codes.NO_PROGRESS, result["incomplete"])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class ConsoleLoggingTest(absltest.TestCase):
   def test_orbax_info_is_dropped_and_everything_else_passes(self):
     keep = launch_train._DropCheckpointInfo().filter
     orbax = os.path.join("site-packages", "orbax", "checkpoint", "checkpoint_manager.py")
-    ours = os.path.join("agentic_grpo", "train.py")
+    ours = os.path.join("agentic_grpo", "train", "run.py")
     self.assertFalse(keep(_record(orbax, logging.INFO)))
     self.assertTrue(keep(_record(orbax, logging.WARNING)))
     self.assertTrue(keep(_record(orbax, logging.ERROR)))

@@ -160,7 +160,7 @@ class PolicyLossTest(parameterized.TestCase):
 
   @parameterized.parameters(*losses.RATIO_LEVELS)
   def test_correction_identity(self, ratio_level):
-    """∇L(Â) + ∇L(A* − Â) = ∇L(A*) at unchanged parameters (DESIGN.md §1)."""
+    """∇L(Â) + ∇L(A* − Â) = ∇L(A*) at unchanged parameters (docs/design.md §1)."""
     key_w, key_x, key_a, key_t = jax.random.split(jax.random.PRNGKey(0), 4)
     n, t, d, v = 4, 5, 3, 7
     params = jax.random.normal(key_w, (d, v))

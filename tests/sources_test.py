@@ -24,12 +24,14 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo import train
+from agentic_grpo.train import device as train_device
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import hf_export
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import sources
+from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
 from launch import export as export_lib
 
@@ -116,9 +118,32 @@ class PresetTest(absltest.TestCase):
     self.assertEqual(bf16.model_config.param_dtype, np.dtype("bfloat16"))
 
 
-  def test_run_refuses_what_it_does_not_build(self):
-    cfg = config_lib.from_config_dict({"model": {"source": "hf", "path": "/ckpt"}})
-    with self.assertRaisesRegex(ValueError, r"config.model.source='hf'.*presets only"):
+
+
+class BuilderTest(parameterized.TestCase):
+  """The run's own component builder (`train.build`) takes the model from `model.source`."""
+
+  @parameterized.parameters("qwen3", "qwen2")
+  def test_build_loads_the_checkpoint_into_the_learner_state(self, family):
+    ckpt_dir = os.path.join(self.create_tempdir().full_path, family)
+    write_checkpoint(ckpt_dir, family)
+    cfg = config_lib.from_config_dict({
+        "model": {"source": "hf", "path": ckpt_dir}, "mesh": {"data": 2, "fsdp": 2, "tensor": 2},
+        "rl": {"buckets": (96, 128)}, "workflow": {"max_new_tokens": 32},
+        "warmstart": {"seq_len": 128}})
+    comp = train.build(cfg, pool=object())
+    self.assertEqual(comp.model_config, _CONFIGS[family])
+    self.assertIsInstance(comp.tokenizer, tokenizers.HFTokenizer)
+    params = train_device.DeviceSide(comp).policy
+    want = sources.open_model(cfg.model).params(comp.sharded_model, 0)
+    _leaves_equal(params, want)
+    for leaf, sharding in zip(jax.tree.leaves(params),
+                              jax.tree.leaves(comp.sharded_model.param_shardings)):
+      self.assertEqual(leaf.sharding, sharding)
+
+  def test_build_names_a_bad_model_path(self):
+    cfg = config_lib.from_config_dict({"model": {"source": "hf", "path": "/nonexistent/ckpt"}})
+    with self.assertRaisesRegex(ValueError, "nonexistent"):
       train.build(cfg, pool=object())
 
 

@@ -1,4 +1,4 @@
-"""Tests for agentic_grpo.train and the experiment configs, with a micro model.
+"""Tests for the agentic_grpo.train package and the experiment configs, with a micro model.
 
 Runs share one sandbox pool and, through the caches of the jitted steps and the sampler, one
 set of compilations.
@@ -6,6 +6,7 @@ set of compilations.
 
 import json
 import os
+import signal
 import struct
 from unittest import mock
 
@@ -22,6 +23,7 @@ from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.models import placement
+from agentic_grpo.train import device as device_lib
 from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
@@ -91,6 +93,27 @@ class FaultyWorkflow(workflow_lib.Workflow):
     return workflow_lib.Workflow._parse(stage, ep, output)
 
 
+class SignalingWorkflow(workflow_lib.Workflow):
+  """A workflow that sends SIGTERM to this process when it closes its `at`-th stage (counted
+  over all instances; the sandbox job runs in the agent loop's thread, so the signal lands at
+  any point of the main loop)."""
+  calls = 0
+  at = 0
+
+  def close_stage(self, episodes, outputs):
+    SignalingWorkflow.calls += 1
+    if SignalingWorkflow.calls == SignalingWorkflow.at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return super().close_stage(episodes, outputs)
+
+
+_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds")
+
+
+def _history(workdir):
+  return [{k: v for k, v in r.items() if k not in _WALL_CLOCK} for r in _rows(workdir)]
+
+
 def _rows(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -140,6 +163,7 @@ class TrainTest(parameterized.TestCase):
     workdir = self.create_tempdir().full_path
     result = train.run(cfg, workdir, pool=self.pool)
     self.assertEqual(result["step"], 2)
+    self.assertIsNone(result["incomplete"])
     rows = _rows(workdir)
     self.assertEqual([r["phase"] for r in rows], ["warmstart", "rl"])
     self.assertEqual([r["step"] for r in rows], [1, 2])
@@ -192,7 +216,7 @@ class TrainTest(parameterized.TestCase):
   def test_sampled_evaluation_uses_eval_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 0.5, "eval.temperature": 0.8,
                                   "rl.num_steps": 0})
-    with mock.patch.object(train, "make_sample_fn", wraps=train.make_sample_fn) as made:
+    with mock.patch.object(device_lib, "make_sample_fn", wraps=device_lib.make_sample_fn) as made:
       train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
     temperatures = [c.kwargs.get("temperature") for c in made.call_args_list]
     self.assertIn(None, temperatures)  # the agent loop's: rl.temperature
@@ -278,6 +302,45 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual(result["step"], 2)
     with open(saved) as f:
       self.assertEqual(json.load(f)["eval"]["every"], 1)
+
+  def test_sigterm_checkpoints_and_resumes_exactly(self):
+    # SIGTERM mid-RL: the run finishes its step, checkpoints (replay, in-flight episodes and the
+    # unlogged metrics included) and raises Preempted; the restart continues the same history.
+    cfg = _micro(tiny_codegen, **{"warmstart.steps": 1, "rl.num_steps": 5,
+                                  "eval.num_samples": 0, "checkpoint.every": 0})
+    full, parts = self.create_tempdir().full_path, self.create_tempdir().full_path
+    train.run(cfg, full, pool=self.pool, transfer_guard="disallow")
+    SignalingWorkflow.calls, SignalingWorkflow.at = 0, 8  # (evaluation closes stages too)
+    with self.assertRaisesRegex(train.Preempted, "SIGTERM") as stopped:
+      train.run(cfg, parts, pool=self.pool, workflow_factory=SignalingWorkflow)
+    self.assertBetween(stopped.exception.step, 2, 5)
+    saved = checkpointing.Checkpointer(os.path.join(parts, "checkpoints"))
+    self.assertEqual(saved.latest_step(), stopped.exception.step)
+    self.assertEqual(saved.read_meta()["phase"], "rl")
+    self.assertEqual(train.run(cfg, parts, pool=self.pool)["step"], 6)
+    self.assertEqual(_history(parts), _history(full))
+    self._assert_same(self._final(full, cfg), self._final(parts, cfg), "SIGTERM")
+
+  def test_prompts_longer_than_every_bucket_stop_at_startup(self):
+    cfg = _micro(tiny_codegen, **{"rl.buckets": (64,), "warmstart.seq_len": 64,
+                                  "workflow.max_new_tokens": 40})
+    with self.assertRaisesRegex(train.StartupCheckError,
+                                r"config\.rl\.buckets.*raise rl\.buckets to at least"):
+      train.build(cfg, pool=self.pool)
+
+  @parameterized.named_parameters(
+      ("tied_rewards", (128,), "all advantages 0"),
+      ("stages_skipped_for_length", (64,), "contexts longer than the largest bucket"))
+  def test_rl_without_signal_says_why(self, buckets, cause):
+    cfg = _micro(tiny_codegen, **{"rl.num_steps": 50, "rl.buckets": buckets,
+                                  "warmstart.seq_len": buckets[-1],
+                                  "rl.max_idle_batches": 2, "replay.skip_zero_advantage": True,
+                                  "eval.num_samples": 0, "checkpoint.every": 0})
+    result = train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
+    self.assertLess(result["step"], 51)
+    self.assertIn("ended early", result["incomplete"])
+    self.assertIn("rl.max_idle_batches=2", result["incomplete"])
+    self.assertIn(cause, result["incomplete"])
 
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)

@@ -7,7 +7,7 @@ Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training") drops the div
 Agentic GRPO scores every *stage* of an episode. `provisional_advantages` normalises stage rewards
 within the group, stage by stage (the advantage applied right after a stage completes);
 `target_advantages` gives the advantage each stage should have had once the final reward is
-known (DESIGN.md §2: modes `outcome`, `return`, `mixed`). Both can subtract a per-stage
+known (docs/design.md §2: modes `outcome`, `return`, `mixed`). Both can subtract a per-stage
 baseline first (`stage_baselines`): with `previous_stage`, a stage is credited with what it
 changed, not with the score the episode already had when it began.
 
@@ -169,7 +169,7 @@ def provisional_advantages(
     scale: str = "std",
     baseline: str = "none",
 ) -> jax.Array:
-  """Provisional advantages `Â[i, k] = norm_group(r[:, k])[i]` (DESIGN.md §1).
+  """Provisional advantages `Â[i, k] = norm_group(r[:, k])[i]` (docs/design.md §1).
 
   Args:
     stage_rewards: `[B, G, S]` float, reward of stage k of member i, available when stage k of the
@@ -215,7 +215,7 @@ def target_advantages(
 ) -> jax.Array:
   """Target advantages `A*[i, k]`: what each stage should have received in hindsight.
 
-  Modes (DESIGN.md §2):
+  Modes (docs/design.md §2):
     * `outcome`: `A*[i, k] = norm_group(R)[i]` for every stage; provisional plus correction
       updates then sum to outcome-only GRPO's update (Shao et al., 2024).
     * `return`: `A*[i, k] = norm_group(G[:, k])[i]` with the discounted return-to-go

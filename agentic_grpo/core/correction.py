@@ -1,4 +1,4 @@
-"""Retroactive correction of provisional stage updates (DESIGN.md §1).
+"""Retroactive correction of provisional stage updates (docs/design.md §1).
 
 A segment updated with provisional advantage `Â` is later updated again with
 `Δ = A* − Â` once the target `A*` is known. The clipped surrogate's gradient is linear in the

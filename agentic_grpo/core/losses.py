@@ -184,7 +184,8 @@ def policy_loss(
   (GRPO); `"sequence"` uses GSPO's length-normalised sequence ratio
   `s_n = exp(mean_t log ρ_{n,t})` (Zheng et al., 2025) in the GSPO-token form
   `ρ_{n,t} = sg(s_n) · π_θ(y_t) / sg(π_θ(y_t))`, clipped per sequence. At `ρ = 1` the gradient is
-  `−A ∇ log π_θ`, linear in `A`: the basis of Agentic GRPO's correction identity (DESIGN.md §1).
+  `−A ∇ log π_θ`, linear in `A`: the basis of Agentic GRPO's correction identity
+  (docs/design.md §1).
 
   Dual clip (Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep RL"): with
   `dual_clip = c > 1`, a token with `A < 0` gets `ℓ = min(max(−A ρ, −A clip(ρ)), −c A)`, i.e.

@@ -450,13 +450,17 @@ def sample(
     if np.any(table >= config.vocab_size) or np.any(table < -1):
       raise ValueError(f"{name} must be ids in [0, {config.vocab_size}), got {table.tolist()}")
   if shardings is not None:
+    # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
+    # `jax.transfer_guard("disallow")`.
     rows = shardings.put_rows({"prompts": prompts.astype(np.int32),
                                "lengths": prompt_lengths.astype(np.int32),
-                               "stop_ids": stop_ids, "stop_seqs": stop_seqs})
+                               "stop_ids": stop_ids, "stop_seqs": stop_seqs,
+                               "temperature": np.float32(temperature),
+                               "top_p": np.float32(top_p), "pad_id": np.int32(pad_id)})
     fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
                       top_k, bool(greedy), bool(top_p < 1.0))
-    return fn(params, rows["prompts"], rows["lengths"], rng, np.float32(temperature),
-              np.float32(top_p), rows["stop_ids"], rows["stop_seqs"], np.int32(pad_id))
+    return fn(params, rows["prompts"], rows["lengths"], rng, rows["temperature"],
+              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"])
   return _SAMPLE_JIT(
       graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
       rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),

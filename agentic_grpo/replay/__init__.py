@@ -1,6 +1,6 @@
 """Staged replay: provisional items per completed stage, corrections once the outcome is known.
 
-The host-side store between the agent loop and the learner (DESIGN.md §1, §3):
+The host-side store between the agent loop and the learner (docs/design.md §1, §3):
 
 * `intake`: `StagedReplay`, groups and episodes, stored segments, capacity and eviction,
   checkpoint state;

@@ -1,10 +1,10 @@
 """Intake of staged episodes: groups, episodes, their stored segments, capacity and eviction.
 
-`StagedReplay` is the host-side store between the agent loop and the learner (DESIGN.md §1, §3).
-A *segment* is one stage of one episode: the token row the policy saw and produced (`context +
-generated`), its loss mask (True on the tokens the policy generated in that stage), the
-behaviour log-probs recorded at sampling time, the policy version that sampled it, and the stage
-reward.
+`StagedReplay` is the host-side store between the agent loop and the learner
+(docs/design.md §1, §3). A *segment* is one stage of one episode: the token row the policy saw
+and produced (`context + generated`), its loss mask (True on the tokens the policy generated in
+that stage), the behaviour log-probs recorded at sampling time, the policy version that sampled
+it, and the stage reward.
 
 * `add_stage` stores segments; when every member of a group has reported a stage, its
   provisional items become ready (`credit.provisional_items`).

@@ -24,7 +24,7 @@ equals the target up to sampling noise (with the defaults, 33% of train tasks 0.
 test tasks 0..199). `is_ambiguous` / `ambiguity_witness` measure it; with `radius=2` (programs
 two edits away) the share is about twice as large (62% and 57%). This is where
 passing the public examples is not passing the hidden tests, the situation retroactive
-correction is for (DESIGN.md §4).
+correction is for (docs/design.md §4).
 
 **Determinism and splits.** Task `i` of a split is a pure function of `(seed, split, i)`
 (random access, no state), so the stream is unlimited and reproducible. A task's split is fixed

@@ -1,0 +1,129 @@
+"""`Components` and `build(cfg)`: everything a run is built from, as a short sequence of calls.
+
+Host side: the task source, the held-out tasks of this process, the sandbox pool and the
+workflow factory. Device side (through the door, `train.device.build_model`): tokenizer, model
+structure, mesh and learner shardings. The coordinator of the run's processes
+(`train.coordination`). `build` also checks at startup what the config allows to check before
+any step: that the tasks' first prompts fit the largest length bucket (`check_prompt_lengths`).
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from absl import logging
+import jax
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import parallel
+from agentic_grpo.agent import streams
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.tasks import sources
+from agentic_grpo.train import coordination
+from agentic_grpo.train import device as device_lib
+
+# Tasks whose first prompt `check_prompt_lengths` measures.
+_PROBE_TASKS = 8
+
+
+class StartupCheckError(ValueError):
+  """The config cannot do what it asks (found before the first step); names the field to
+  change."""
+
+
+@dataclasses.dataclass
+class Components:
+  """Everything a run is built from (exposed for tests and notebooks)."""
+  cfg: config_lib.TrainConfig
+  tokenizer: Any
+  model_config: Any  # models.transformer.ModelConfig
+  graphdef: Any
+  tasks: sources.TaskSource
+  eval_tasks: list  # this process's share of the held-out tasks (all of them in one process)
+  pool: Any
+  counting_pool: streams.CountingPool
+  workflow_factory: Callable[[], workflow_lib.Workflow]
+  make_workflow: Callable[..., workflow_lib.Workflow]
+  num_stages: int
+  stage_names: tuple
+  mesh: jax.sharding.Mesh
+  sharded_model: Any  # models.placement.ShardedModel
+  shardings: Any  # learner.Shardings
+  coord: coordination.Coordinator
+  model_source: Any  # models.sources.ModelSource: where the initial parameters come from
+
+
+def build(cfg: config_lib.TrainConfig, *, pool=None,
+          workflow_factory: Optional[Callable[..., workflow_lib.Workflow]] = None) -> Components:
+  """Builds tokenizer, model structure, task source, sandbox pool and workflow factory.
+
+  Args:
+    cfg: the run config.
+    pool: a sandbox pool to use instead of a new `SandboxPool` (tests).
+    workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests); the
+      config is `cfg.workflow` (with `stage_rewards` and `reward_mode` replaced for evaluation).
+
+  Raises:
+    ValueError: a model too short for `rl.buckets` (`device.build_model`).
+    StartupCheckError: no task's first prompt fits the largest bucket (`check_prompt_lengths`).
+  """
+  model = device_lib.build_model(cfg)
+  tasks = task_source(cfg)
+  share = parallel.process_slice(cfg.task.eval_size)
+  eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
+  pool = pool if pool is not None else sandbox_pool(cfg)
+  counting = streams.CountingPool(pool)
+  cls = workflow_factory or workflow_lib.Workflow
+  make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool)
+  factory = lambda: make(counting)
+  probe = factory()
+  comp = Components(cfg, model.tokenizer, model.model_config, model.graphdef, tasks, eval_tasks,
+                    pool, counting, factory, make, probe.num_stages, probe.stage_names,
+                    model.mesh, model.sharded_model, model.shardings,
+                    coordination.make_coordinator(), model.source)
+  check_prompt_lengths(comp)
+  return comp
+
+
+def task_source(cfg: config_lib.TrainConfig) -> sources.TaskSource:
+  """The run's tasks (`task.source` in `tasks.sources.TASK_SOURCES`): training stream and
+  held-out split."""
+  return sources.TASK_SOURCES.get(cfg.task.source)(cfg.task)
+
+
+def sandbox_pool(cfg: config_lib.TrainConfig) -> sandbox.SandboxPool:
+  """A sandbox pool from the `sandbox` section (at least `sandbox.min_isolation`)."""
+  return sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
+      cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
+      memory_bytes=cfg.sandbox.memory_mb * 2**20),
+      isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
+
+
+def check_prompt_lengths(comp: Components) -> None:
+  """Checks that the first stage's prompt of the first training tasks fits `rl.buckets`.
+
+  The agent loop skips a stage whose context is longer than `rl.buckets[-1] -
+  workflow.max_new_tokens` tokens (empty output, reward 0, not trained on). When the first
+  stage's context (task prompt and opening) of every probed task is longer, every stage would be
+  skipped and the run could not learn: that is an error. When some are, a warning.
+
+  Raises:
+    StartupCheckError: every probed task's first context is too long; names `rl.buckets`.
+  """
+  cfg = comp.cfg
+  tasks = [comp.tasks.task("train", i) for i in range(_PROBE_TASKS)]
+  wf = comp.make_workflow(comp.pool)
+  lengths = [len(comp.tokenizer.encode(o)) for o in wf.open_stage(wf.start(tasks))]
+  limit = cfg.rl.buckets[-1] - cfg.workflow.max_new_tokens
+  too_long = sum(n > limit for n in lengths)
+  if not too_long:
+    return
+  what = (f"{too_long} of {len(lengths)} probed training tasks have a first-stage context "
+          f"longer than the largest bucket allows (rl.buckets[-1] - workflow.max_new_tokens = "
+          f"{limit} tokens; the longest has {max(lengths)}): such stages are skipped, not "
+          f"trained on")
+  if too_long == len(lengths):
+    raise StartupCheckError(f"config.rl.buckets={tuple(cfg.rl.buckets)}: {what}; contexts "
+                            f"longer than the largest bucket: raise rl.buckets to at least "
+                            f"{max(lengths) + cfg.workflow.max_new_tokens}")
+  logging.warning("%s; raise rl.buckets", what)

@@ -1,0 +1,265 @@
+"""THE door between host and device: `DeviceSide` (update, sft, sample, state) and the model.
+
+Everything the run does on the accelerator goes through this module: building the model
+structure and its shardings (`build_model`), the learner state (fresh, restored, handed over
+from the warm-start to the RL phase, written to checkpoints), the jitted update and warm-start
+steps, and the sampler. Host code passes NumPy in (`core.types.UpdateBatch`,
+`core.types.SFTBatch`, prompt arrays) and gets NumPy out (`fetch`, the sampler's rows); it holds
+device values only as opaque handles (`Pending` metrics, `DeviceSide.policy`), never reads them.
+
+Every host-device copy here is explicit (`jax.device_put`, `parallel.shard_batch`,
+`parallel.local_rows`, `jax.device_get`), so that the hot loop runs under
+`jax.transfer_guard("disallow")` (`run(..., transfer_guard="disallow")` in tests): a hidden
+copy fails loudly.
+
+Batch rows: each process places its own rows of the global batch (`parallel.shard_batch`; with
+one process the whole batch) and reads its own rows of the sampler's output back
+(`parallel.local_rows`).
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo import checkpointing
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import parallel
+from agentic_grpo.core import types as core_types
+from agentic_grpo.models import placement
+from agentic_grpo.models import sampler as sampler_lib
+from agentic_grpo.models import sources
+from agentic_grpo.models import transformer
+
+
+NonFiniteUpdatesError = learner.NonFiniteUpdatesError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+  """The model side of `Components`: tokenizer, structure, mesh, shardings and the source the
+  parameters come from (`models.sources.ModelSource`: a preset's random init or a checkpoint)."""
+  tokenizer: Any
+  model_config: transformer.ModelConfig
+  graphdef: Any
+  mesh: jax.sharding.Mesh
+  sharded_model: placement.ShardedModel
+  shardings: learner.Shardings
+  source: sources.ModelSource
+
+
+def rl_optimizer(cfg: config_lib.TrainConfig):
+  """The RL phase's optimizer: `optim`, with its schedule spanning `rl.num_steps` updates."""
+  return learner.make_optimizer(
+      cfg.optim, decay_steps=cfg.rl.num_steps if cfg.optim.schedule == "cosine" else 0,
+      final_lr_fraction=cfg.optim.final_lr_fraction)
+
+
+def warmstart_optimizer(cfg: config_lib.TrainConfig):
+  """The warm-start's optimizer: `optim` at `warmstart.learning_rate`, over `warmstart.steps`."""
+  return learner.make_optimizer(
+      cfg.optim, learning_rate=cfg.warmstart.learning_rate,
+      warmup_steps=cfg.warmstart.warmup_steps, decay_steps=cfg.warmstart.steps,
+      final_lr_fraction=cfg.warmstart.final_lr_fraction)
+
+
+def build_model(cfg: config_lib.TrainConfig) -> ModelParts:
+  """Tokenizer, model structure (no parameters yet), mesh and learner shardings.
+
+  The model comes from `config.model.source` (`models.sources.open_model`: a preset with the
+  byte tokenizer, or a Hugging Face directory with its own tokenizer), checked before any device
+  memory is spent.
+
+  Raises:
+    ValueError: a bad model source (naming the field or file), or a model shorter than
+      `rl.buckets[-1] + workflow.max_new_tokens`.
+  """
+  needed = cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens
+  source = sources.open_model(cfg.model, min_seq_len=needed)
+  mesh = parallel.make_mesh(cfg)
+  sharded_model, shardings = learner.learner_shardings(
+      source.model_config, mesh, rl_optimizer(cfg), cfg.mesh.rules(),
+      with_reference=cfg.loss.kl_beta > 0)
+  return ModelParts(source.tokenizer, source.model_config, source.graphdef, mesh, sharded_model,
+                    shardings, source)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+  """Metrics of a dispatched step, still on the device (read them with `DeviceSide.fetch`).
+
+  Attributes:
+    metrics: the step's metrics (device scalars; opaque to host code).
+    tokens: token slots of the global batch (`rows * T`), for tokens/s.
+  """
+  metrics: Any
+  tokens: int
+
+
+def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
+                   transfer_guard: str = "allow"):
+  """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform.
+
+  `sample_fn(params, prompts [n, P] int32, lengths [n] int32, counter, greedy)` returns NumPy
+  `(tokens [n, max_new_tokens], lengths [n], logprobs [n, max_new_tokens])`: this process's
+  rows. `temperature` defaults to `rl.temperature` (the behaviour policy's); evaluation passes
+  `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way.
+
+  Jitted over the run's mesh with explicit shardings (`sampler_lib.sampler_shardings`). In a
+  multi-process run it is a collective: each process passes its own rows, the processes agree
+  on the prompt bucket (the longest prompt of any, `comp.coord.agree_max`), one program samples
+  every process's rows, and each gets its own rows back. Runs under
+  `jax.transfer_guard(transfer_guard)`.
+  """
+  cfg = comp.cfg
+  transform = cfg.rl.transform(temperature)
+  tok = comp.tokenizer
+  stop_ids = [tok.token_id(s) for s in comp.workflow_factory().stop_tokens()]
+  base = jax.random.key(seed)
+  shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
+
+  def sample_fn(params, prompts, lengths, counter, greedy):
+    longest = comp.coord.agree_max(int(np.max(lengths)))
+    with jax.transfer_guard(transfer_guard):
+      key = jax.random.fold_in(base, jax.device_put(np.uint32(counter % (1 << 32))))
+      out = sampler_lib.sample(
+          comp.graphdef, params, prompts, lengths, key,
+          max_new_tokens=cfg.workflow.max_new_tokens, transform=transform, greedy=greedy,
+          stop_token_ids=stop_ids, pad_id=tok.pad_id,
+          prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),),
+          shardings=shardings)
+      return parallel.local_rows((out.tokens, out.lengths, out.logprobs))
+
+  return sample_fn
+
+
+class DeviceSide:
+  """The learner state on the device and every step that changes it. See module docstring.
+
+  Args:
+    comp: the run's `Components`.
+    transfer_guard: `jax.transfer_guard` level of the hot loop's device calls (`sft`,
+      `update`, `fetch`, the sampler): "allow" (default), or "disallow" / "log" (tests: a
+      hidden host-device copy fails loudly).
+  """
+
+  def __init__(self, comp, *, transfer_guard: str = "allow"):
+    cfg = comp.cfg
+    self._comp = comp
+    self._cfg = cfg
+    self._transfer_guard = transfer_guard
+    self._ws_opt = warmstart_optimizer(cfg)
+    self._rl_opt = rl_optimizer(cfg)
+    self._use_kl = cfg.loss.kl_beta > 0
+    # A preset's random init from `seed`, or the checkpoint's weights, in the learner's shardings.
+    self._params0 = comp.model_source.params(comp.sharded_model, jax.random.key(cfg.seed))
+    self._state = jax.device_put(
+        learner.init_state(self._params0, self._ws_opt if cfg.warmstart.steps else self._rl_opt,
+                           cfg.seed), comp.shardings.state)
+    self._ref = None
+    self._sft_step = self._update_step = None
+
+  @property
+  def policy(self) -> Any:
+    """The current parameters, an opaque handle for the agent loop's `sample_fn`."""
+    return self._state.params
+
+  @property
+  def state(self) -> learner.TrainState:
+    """The learner state (for results and tests)."""
+    return self._state
+
+  def sampler(self, seed: int, temperature: Optional[float] = None):
+    """`make_sample_fn` under this run's transfer guard."""
+    return make_sample_fn(self._comp, seed, temperature=temperature,
+                          transfer_guard=self._transfer_guard)
+
+  def restore(self, ckpt: checkpointing.Checkpointer) -> tuple[dict, dict]:
+    """Loads the latest intact checkpoint into the device state; returns its `(host, meta)`.
+
+    Raises:
+      ValueError: the checkpoint's tree does not match this config (e.g. a reference policy).
+    """
+    # The reference policy exists (and is saved) from the start of the RL phase on.
+    with_ref = self._use_kl and ckpt.read_meta()["phase"] == "rl"
+    abstract = {"state": self._state, "ref": self._params0} if with_ref else {"state": self._state}
+    try:
+      restored, host, meta = ckpt.restore(None, abstract)
+    except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
+      raise ValueError(f"cannot resume from {ckpt.directory}: the checkpoint does not match "
+                       f"this config (e.g. loss.kl_beta > 0 now but the RL phase was saved "
+                       f"without a reference policy): {e}") from e
+    sh = self._comp.shardings
+    self._state = jax.device_put(restored["state"], sh.state)
+    if with_ref:
+      self._ref = jax.device_put(restored["ref"], sh.ref_params)
+    return host, meta
+
+  def checkpoint_tree(self) -> dict[str, Any]:
+    """The device state a checkpoint holds: `{"state"[, "ref"]}`."""
+    return {"state": self._state, "ref": self._ref} if self._ref is not None else {
+        "state": self._state}
+
+  def start_rl(self) -> None:
+    """Hands the warm-start's parameters to a fresh RL state (and the frozen reference)."""
+    params = self._state.params
+    sh = self._comp.shardings
+    if self._use_kl:
+      self._ref = jax.device_put(jax.tree.map(jnp.copy, params), sh.ref_params)
+    self._state = jax.device_put(learner.init_state(params, self._rl_opt, self._cfg.seed + 1),
+                                 sh.state)
+
+  def _put(self, batch):
+    return parallel.shard_batch(batch.check(), self._comp.mesh, self._cfg.mesh.rules())
+
+  def sft(self, batch: core_types.SFTBatch) -> Pending:
+    """Dispatches one warm-start step on this process's rows `[n, warmstart.seq_len]`."""
+    if self._sft_step is None:
+      self._sft_step = learner.make_sft_step(self._comp.graphdef, self._cfg, self._ws_opt,
+                                             shardings=self._comp.shardings)
+    with jax.transfer_guard(self._transfer_guard):
+      placed = self._put(batch)
+      self._state, metrics = self._sft_step(self._state, placed)
+    return Pending(metrics, int(placed.loss_mask.size))
+
+  def update(self, batch: Optional[core_types.UpdateBatch], rows: int,
+             buckets: Sequence[int]) -> Pending:
+    """Dispatches one policy update on this process's rows (`[rows, T]`).
+
+    `batch` None (this process had no row while another had): an all-padding batch of `rows`
+    rows of `buckets[0]` tokens, so that every process runs the same program.
+    """
+    if self._update_step is None:
+      self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
+                                                   self._rl_opt, shardings=self._comp.shardings)
+    with jax.transfer_guard(self._transfer_guard):
+      placed = self._put(batch if batch is not None
+                         else core_types.UpdateBatch.padding(rows, buckets[0]))
+      self._state, metrics = self._update_step(self._state, placed, self._ref)
+    return Pending(metrics, int(placed.loss_mask.size))
+
+  def fetch(self, pending: Sequence[Pending], *, step: Optional[int] = None
+            ) -> list[dict[str, Any]]:
+    """Host copies of dispatched steps' metrics (one transfer; waits for the steps).
+
+    Entries already on the host (restored from a checkpoint) pass through. Given `step` (the
+    global step of the last entry), also checks `rl.max_skipped_updates`.
+
+    Raises:
+      NonFiniteUpdatesError: `rl.max_skipped_updates` updates in a row were skipped as
+        non-finite (`learner.check_skipped_updates`).
+    """
+    with jax.transfer_guard(self._transfer_guard):
+      metrics = jax.device_get([p.metrics for p in pending])
+    if step is not None:
+      learner.check_skipped_updates(metrics, self._cfg.rl.max_skipped_updates, step)
+    return metrics
+
+  @property
+  def num_traces(self) -> dict[str, int]:
+    """Compilations of the update and warm-start steps so far (`learner.CountedJit`)."""
+    return {name: step.num_traces for name, step in (("update", self._update_step),
+                                                     ("sft", self._sft_step)) if step}

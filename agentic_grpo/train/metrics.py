@@ -1,0 +1,214 @@
+"""Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar), the learning
+curve plot, and the RL row assembled from every process's numbers (`rl_row`).
+"""
+
+import collections
+import io
+import json
+import math
+import os
+import re
+from typing import Any, Optional, Sequence
+
+from absl import logging
+from etils import epath
+import numpy as np
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import parallel
+
+# Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
+_TAG = re.compile(r"[-\w./]+")
+# Running totals of the replay, logged as `replay/total_<name>`.
+REPLAY_TOTALS = ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
+                 "sign_reversals", "evicted_segments", "provisional_items", "correction_items")
+
+
+class MetricsWriter:
+  """`metrics.jsonl`, TensorBoard events and the console progress bar.
+
+  On resume, lines of `metrics.jsonl` beyond the restored step (written after the last
+  checkpoint by the stopped run) are dropped so that the file stays one consistent history.
+  In a multi-process run only process 0 writes; the others keep the history in memory. A remote
+  workdir (`gs://...`) gets the whole file rewritten at each write (objects cannot be appended
+  to) and no TensorBoard events.
+
+  Metric names use only the characters TensorBoard keeps in a tag (`[A-Za-z0-9_.-/]`:
+  `eval/pass_at_1`, not `eval/pass@1`, which tensorboardX would rename), so that every
+  TensorBoard tag equals its `metrics.jsonl` key; `write` refuses any other name.
+  """
+
+  def __init__(self, workdir: str, cfg: config_lib.TrainConfig, total_steps: int,
+               resume_step: int):
+    self.path = epath.Path(workdir) / "metrics.jsonl"
+    self.history: list[dict[str, Any]] = []
+    self.primary = parallel.is_primary()
+    self.local = "://" not in str(workdir)
+    if self.path.exists():
+      for line in self.path.read_text().splitlines():
+        if line.strip():
+          row = json.loads(line)
+          if row.get("step", 0) <= resume_step:
+            self.history.append(row)
+    self._file = self._tb = self._bar = None
+    if not self.primary:
+      return
+    self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+    if self.local:
+      self._file = self.path.open("a")
+    if cfg.log.tensorboard and self.local:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+    if cfg.log.progress_bar:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
+                            dynamic_ncols=True, desc="train")
+    self.pass1 = next((r["eval/pass_at_1"] for r in reversed(self.history)
+                       if "eval/pass_at_1" in r), None)
+
+  def write(self, row: dict[str, Any]) -> None:
+    """Appends one metrics row (`step` required) to every output.
+
+    Raises:
+      ValueError: a key with a character TensorBoard would replace in a tag.
+    """
+    illegal = [k for k in row if not _TAG.fullmatch(k)]
+    if illegal:
+      raise ValueError(f"metric names must match {_TAG.pattern} (TensorBoard tags), got "
+                       f"{illegal}")
+    row = {k: (float(v) if isinstance(v, (np.ndarray, np.generic)) else v)
+           for k, v in row.items()}
+    self.history.append(row)
+    # Every process, primary or not, can show its rows (`--verbosity=1`): multi-host runs
+    # compare them.
+    logging.vlog(1, "metrics %s", json.dumps(row))
+    if "eval/pass_at_1" in row:
+      self.pass1 = row["eval/pass_at_1"]
+    if not self.primary:
+      return
+    if self._file is None:
+      self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+    else:
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
+    if self._tb is not None:
+      for k, v in row.items():
+        if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+          self._tb.add_scalar(k, v, row["step"])
+
+  def progress(self, step: int, phase: str, loss: Optional[float] = None) -> None:
+    if self._bar is None:
+      return
+    self._bar.n = step
+    post = {"phase": phase}
+    if loss is not None:
+      post["loss"] = f"{loss:.3f}"
+    if self.pass1 is not None:
+      post["pass@1"] = f"{self.pass1:.3f}"
+    self._bar.set_postfix(post, refresh=False)
+    self._bar.refresh()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._bar is not None:
+      self._bar.close()
+
+
+def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:
+  """Held-out pass@1 and training rewards against the global step, as a PNG."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  ev = [r for r in history if "eval/pass_at_1" in r]
+  if ev:
+    ax1.errorbar([r["step"] for r in ev], [r["eval/pass_at_1"] for r in ev],
+                 yerr=[r.get("eval/pass_at_1_stderr", 0.0) for r in ev], fmt="o-", capsize=3,
+                 label="greedy pass@1 (held-out, ±1 s.e.)")
+    ax1.plot([r["step"] for r in ev], [r["eval/hidden_frac"] for r in ev], "s--",
+             label="hidden tests passed (fraction)")
+  ws = [r["step"] for r in history if r.get("phase") == "warmstart"]
+  if ws:
+    ax1.axvline(max(ws), color="gray", lw=0.8, ls=":", label="end of warm-start")
+  ax1.set_xlabel("step")
+  ax1.set_ylim(0, 1)
+  ax1.legend(loc="lower right")
+  ax1.set_title("held-out evaluation")
+  rl = [r for r in history if r.get("phase") == "rl" and "reward/final" in r]
+  if rl:
+    ax2.plot([r["step"] for r in rl], [r["reward/final"] for r in rl], label="final reward")
+    # Stage rewards are logged at the step their stage closed, not only with the final reward.
+    rl_all = [r for r in history if r.get("phase") == "rl"]
+    for key in sorted({k for r in rl_all for k in r
+                       if k.startswith("reward/") and k != "reward/final"}):
+      pts = [(r["step"], r[key]) for r in rl_all if key in r]
+      ax2.plot(*zip(*pts), alpha=0.6, label=key.split("/", 1)[1])
+  ax2.set_xlabel("step")
+  ax2.set_title("training rewards")
+  if rl:
+    ax2.legend(loc="lower right", fontsize=8)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  epath.Path(path).write_bytes(buf.getvalue())
+
+
+def mean_rows(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+  """Per key, the mean of the rows that have it (keys in order of first appearance)."""
+  return {k: float(np.mean(v)) for k, v in values_by_key(rows).items()}
+
+
+def values_by_key(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
+  """Per key, the values of the rows that have it, in row order."""
+  acc = collections.defaultdict(list)
+  for r in rows:
+    for k, v in r.items():
+      acc[k].append(v)
+  return dict(acc)
+
+
+def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
+           ) -> dict[str, float]:
+  """The RL metrics of one logged row from every process's numbers since the last row.
+
+  Args:
+    everyone: per process (in process order) a dict with `harvest` (`{key: [values]}` of its
+      episode metrics), `stats` (per update, its batch's replay stats), `replay` (its
+      `REPLAY_TOTALS`), `counts` and `loop` (counters), `position` and `epoch` (its task
+      stream).
+    updates: host metrics of the updates since the last row (the same in every process).
+
+  Returns:
+    Means over episodes (`reward/...`) and updates (`loss/...`, `replay/...`; an update's batch
+    stats summed over processes, its padding fraction averaged), replay totals and counters
+    summed over processes, the data position summed, the epoch the lowest.
+  """
+  harvest = collections.defaultdict(list)
+  for p in everyone:
+    for k, values in p["harvest"].items():
+      harvest[k].extend(values)
+  update_rows = []
+  for i, m in enumerate(updates):
+    stats = collections.Counter()
+    for p in everyone:  # the batch's rows came from every process
+      stats.update(p["stats"][i])
+    stats["padding_fraction"] = float(np.mean([p["stats"][i]["padding_fraction"]
+                                               for p in everyone]))
+    update_rows.append({f"loss/{k}": float(v) for k, v in m.items()})
+    update_rows[-1].update({f"replay/{k}": float(v) for k, v in stats.items()})
+  row = {k: float(np.mean(v)) for k, v in harvest.items()}
+  row.update(mean_rows(update_rows))
+  for k in REPLAY_TOTALS:
+    row[f"replay/total_{k}"] = float(sum(p["replay"][k] for p in everyone))
+  for group in ("counts", "loop"):
+    merged = collections.Counter()
+    for p in everyone:
+      merged.update(p[group])
+    row.update({f"{group}/{k}": float(v) for k, v in merged.items()})
+  row["loop/data_position"] = float(sum(p["position"] for p in everyone))
+  row["loop/epoch"] = float(min(p["epoch"] for p in everyone))
+  return row

@@ -1,0 +1,208 @@
+"""The Agentic GRPO phase (docs/design.md §3): update when the replay has rows, else step the
+agent loop.
+
+`agent.loop.AgentLoop` keeps `rl.batches_in_flight` episode batches in flight and feeds
+`replay.StagedReplay`. Each iteration of `RLPhase.run` the processes agree (`Coordinator.agree`)
+on one action:
+
+* **update** when every process has its share of `rl.rows_per_update` rows ready, or when the
+  agent loop is about to sample and some process has rows (the replay is flushed before each
+  sample phase, so a stage's provisional update lands before that batch's next stage is
+  sampled);
+* else **step the agent loop** (harvest a sandbox job, or sample a stage).
+
+With stage rewards and corrections off (`experiments/outcome_grpo.py`) the same loop is
+outcome-only GRPO. The phase also ends early on `rl.max_idle_batches` episode batches in a row
+without learning signal, or on a signal (`train.preemption`). `RLPhase.verdict` says when the
+phase did not do what it was asked, and why.
+"""
+
+import time
+from typing import Any, Optional
+
+from absl import logging
+
+from agentic_grpo.replay import batching
+from agentic_grpo.train import coordination
+from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import evaluation
+from agentic_grpo.train import metrics as metrics_lib
+from agentic_grpo.train import session as session_lib
+
+# The share of training stages skipped for length above which a run without learning signal
+# is blamed on `rl.buckets`.
+_MOSTLY_SKIPPED = 0.5
+
+
+class RLPhase:
+  """The RL loop over a `Session` (see module docstring).
+
+  Host numbers since the last logged row (episode metrics, update metrics and batch stats,
+  token count) and the idle-batch count are checkpointed (`state_dict`), so that a resumed run
+  logs the same rows as one that was never stopped.
+  """
+
+  def __init__(self, s: session_lib.Session):
+    self.s = s
+    self.harvest_rows: list[dict[str, float]] = []
+    self.updates: list[tuple[device_lib.Pending, dict[str, float]]] = []
+    self.tokens = 0
+    self.idle_batches = 0
+    self.t_logged = time.time()
+    self.ended_without_signal = False
+    self.updates_run = 0
+    self.last_update: Optional[dict[str, Any]] = None
+    if s.rl_saved:
+      self._load(s.rl_saved)
+
+  # ------------------------------------------------------------------------------- the loop
+
+  def run(self) -> None:
+    """Runs RL updates until `rl.num_steps` (or a stop), then logs and evaluates the end."""
+    s = self.s
+    if s.phase != "rl":
+      return
+    s.rl_state = self
+    while s.step < s.total and not s.stopping():
+      agreed = self._agree()
+      if agreed.stop:
+        s.preempted = True
+        break
+      if s.cfg.rl.max_idle_batches and agreed.idle_batches >= s.cfg.rl.max_idle_batches:
+        self._end_without_signal(agreed.idle_batches)
+        break
+      if agreed.update:
+        self._update(agreed.buckets)
+      else:
+        self._agent_step()
+    if not s.stopping():
+      self._log(final=True)
+      s.metrics.progress(s.step, "rl")  # the bar shows the final evaluation's pass@1
+
+  def _agree(self) -> coordination.Agreement:
+    s = self.s
+    ready = s.replay.num_ready
+    want = batching.bucket_for(s.replay.ready_lengths()[0], s.cfg.rl.buckets) if ready else 0
+    return s.coord.agree(ready=ready, rows=s.rl_rows, want_bucket=want,
+                         sampling=s.agent.phase == "sample", idle_batches=self.idle_batches,
+                         stop=s.stop_requested)
+
+  def _update(self, buckets: tuple[int, ...]) -> None:
+    """One policy update on the oldest ready rows (or padding where a process has none)."""
+    s = self.s
+    batch = s.replay.take(s.rl_rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
+    if not s.coord.any(batch is not None):
+      return  # no process has a row with a loss token
+    stats = batch.stats if batch is not None else {
+        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0}
+    pending = s.device.update(batch.update if batch is not None else None, s.rl_rows, buckets)
+    s.step += 1
+    self.updates_run += 1
+    self.idle_batches = 0
+    self.updates.append((pending, {k: float(v) for k, v in sorted(stats.items())}))
+    self.tokens += pending.tokens
+    eval_due = session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps)
+    if (session_lib.periodic(s.step, s.cfg.log.every) or eval_due) and s.step < s.total:
+      self._log(final=False)
+    s.metrics.progress(s.step, "rl")
+    if s.step < s.total:
+      s.checkpoint()
+
+  def _agent_step(self) -> None:
+    s = self.s
+    harvested = s.agent.step(s.device.policy, s.step - s.ws_steps)
+    if harvested:
+      self.harvest_rows.append(harvested)
+      if "reward/final" in harvested:
+        self.idle_batches += 1
+
+  def _end_without_signal(self, idle: int) -> None:
+    s = self.s
+    logging.warning("%d episode batches in a row gave no learning signal on any process "
+                    "(%s); ending the RL phase at step %d", idle, self._idle_cause(), s.step)
+    s.counters["rl_ended_without_signal"] += int(s.coord.is_primary)
+    self.ended_without_signal = True
+
+  # ------------------------------------------------------------------------------- logging
+
+  def _log(self, final: bool) -> None:
+    """Writes one RL row from every process's numbers; evaluates when due (or `final`)."""
+    s = self.s
+    # Update metrics stay on device until here, so that host work overlaps the updates.
+    updates = s.device.fetch([p for p, _ in self.updates], step=s.step)
+    if updates:
+      self.last_update = updates[-1]
+    s.counters.update(s.comp.counting_pool.pop_counts())
+    s.counters.update(s.agent.pop_counts())
+    local = {"harvest": metrics_lib.values_by_key(self.harvest_rows),
+             "counts": dict(s.counters), "loop": dict(s.agent.counters),
+             "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
+             "stats": [stats for _, stats in self.updates],
+             "replay": {k: s.replay.counters.get(k, 0) for k in metrics_lib.REPLAY_TOTALS}}
+    now = time.time()
+    row = {"step": s.step, "phase": "rl", "seconds": now - s.t_start,
+           "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9)}
+    row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
+    if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
+      s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
+                                           baseline=s.warm_passed)
+      row.update(s.last_eval)
+    s.metrics.write(row)
+    self.updates.clear()
+    self.harvest_rows.clear()
+    self.tokens, self.t_logged = 0, time.time()
+
+  # ------------------------------------------------------------------------------- state
+
+  def state_dict(self) -> dict[str, Any]:
+    """The unlogged host numbers and the idle count, JSON-serialisable (checkpoint meta)."""
+    updates = self.s.device.fetch([p for p, _ in self.updates])
+    return {"harvest_rows": self.harvest_rows, "idle_batches": self.idle_batches,
+            "tokens": self.tokens,
+            "updates": [{"metrics": {k: float(v) for k, v in m.items()}, "stats": stats}
+                        for m, (_, stats) in zip(updates, self.updates)]}
+
+  def _load(self, saved: dict[str, Any]) -> None:
+    self.harvest_rows = [dict(r) for r in saved["harvest_rows"]]
+    self.idle_batches = int(saved["idle_batches"])
+    self.tokens = int(saved["tokens"])
+    self.updates = [(device_lib.Pending(u["metrics"], 0), dict(u["stats"]))
+                    for u in saved["updates"]]
+
+  # ------------------------------------------------------------------------------- verdict
+
+  def _idle_cause(self) -> str:
+    """Why batches gave no learning signal: stages skipped for length, or tied rewards."""
+    agent, cfg = self.s.agent, self.s.cfg
+    sampled = agent.rng_counter * agent.num_rows
+    skipped = agent.counters.get("skipped_long_contexts", 0)
+    if sampled and skipped >= _MOSTLY_SKIPPED * sampled:
+      return (f"{skipped} of {sampled} stage samples were skipped: contexts longer than the "
+              f"largest bucket (rl.buckets[-1] - workflow.max_new_tokens = "
+              f"{cfg.rl.buckets[-1] - cfg.workflow.max_new_tokens} tokens): raise rl.buckets")
+    return "every group's rewards tied: all advantages 0"
+
+  def verdict(self) -> Optional[str]:
+    """Why the RL phase did not do what it was asked, or None (also None when stopped)."""
+    s = self.s
+    rl_steps = s.step - s.ws_steps
+    if s.stopping() or not s.cfg.rl.num_steps:
+      return None
+    if self.ended_without_signal:
+      return (f"the RL phase ended early at global step {s.step} of {s.total} ({rl_steps} of "
+              f"{s.cfg.rl.num_steps} updates): no learning signal for "
+              f"rl.max_idle_batches={s.cfg.rl.max_idle_batches} episode batches in a row; "
+              f"{self._idle_cause()}")
+    skipped = int(self.last_update["nonfinite_total"]) if self.last_update else 0
+    if rl_steps > 0 and skipped >= rl_steps:
+      return (f"every RL update ({rl_steps}) was skipped as non-finite: the run trained on "
+              f"nothing; look for non-finite advantages, log-probs or parameters, or lower "
+              f"the learning rate")
+    return None
+
+
+def run_phase(s: session_lib.Session) -> RLPhase:
+  """Runs (or resumes) the RL phase of `s`; returns it for its `verdict`."""
+  phase = RLPhase(s)
+  phase.run()
+  return phase

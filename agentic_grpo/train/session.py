@@ -1,0 +1,157 @@
+"""`Session`: one run's live objects and facts, and its checkpoints.
+
+The phases (`warmstart`, `rl_phase`) read and advance a `Session`: the global step and phase,
+counters, the warm-start's per-task results, the device side (`train.device.DeviceSide`), the
+replay, the agent loop and its task streams, the metrics writer. `checkpoint` writes everything
+needed to resume exactly (learner state, replay, in-flight episodes, data position, the RL
+phase's unlogged metrics); `restore` reads it back. `periodic` is the one predicate of every
+periodic action (logging, evaluation, checkpoints).
+"""
+
+import collections
+import os
+import time
+from typing import Any, Optional
+
+from absl import logging
+import numpy as np
+
+from agentic_grpo import checkpointing
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.agent import loop as loop_lib
+from agentic_grpo.agent import streams
+from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.train import components as components_lib
+from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import metrics as metrics_lib
+from agentic_grpo.train import preemption
+
+# Unlimited training streams: warm-start tasks start at this index, RL tasks at 0.
+_WARMSTART_OFFSET = 1 << 24
+
+
+def periodic(step: int, every: int, *, start: int = 0) -> bool:
+  """True at every `every`-th step counted from `start` (never when `every` is 0)."""
+  return bool(every) and (step - start) % every == 0
+
+
+def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
+  """The staged replay of this process, from the `rl`, `correction` and `replay` sections."""
+  cfg = comp.cfg
+  return replay_lib.StagedReplay(
+      group_size=cfg.rl.group_size, num_stages=comp.num_stages,
+      stage_rewards=cfg.workflow.stage_rewards, correction=cfg.correction.enabled,
+      target_mode=cfg.correction.target, gamma=cfg.correction.gamma, beta=cfg.correction.beta,
+      scale=cfg.correction.scale, baseline=cfg.correction.baseline,
+      max_staleness=cfg.correction.max_staleness,
+      staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
+      when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
+      pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
+          cfg.loss.ratio_level, cfg.loss.aggregation))
+
+
+class Session:
+  """A run in progress (see module docstring).
+
+  Args:
+    comp: from `components.build`.
+    workdir: the run's directory (checkpoints in `workdir/checkpoints`).
+    stop_after: stop (after a checkpoint) once this global step is reached (tests of resume).
+    stop: the signal watcher (`preemption.StopRequest`).
+    transfer_guard: `jax.transfer_guard` level of the hot loop's device calls.
+
+  Raises:
+    ValueError: `rl.rows_per_update` or `warmstart.batch_size` not a multiple of the number of
+      processes.
+  """
+
+  def __init__(self, comp: components_lib.Components, workdir: str, *,
+               stop_after: Optional[int], stop: preemption.StopRequest,
+               transfer_guard: str = "allow"):
+    cfg = self.cfg = comp.cfg
+    self.comp, self.coord, self.workdir = comp, comp.coord, workdir
+    self.ws_steps = cfg.warmstart.steps
+    self.total = cfg.warmstart.steps + cfg.rl.num_steps
+    self.rl_rows = self.coord.share("rl.rows_per_update", cfg.rl.rows_per_update)
+    self.ws_rows = self.coord.share("warmstart.batch_size", cfg.warmstart.batch_size)
+    self._stop_after, self._stop = stop_after, stop
+    self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           max_to_keep=cfg.checkpoint.max_to_keep)
+    self.device = device_lib.DeviceSide(comp, transfer_guard=transfer_guard)
+    self.replay = make_replay(comp)
+    get_train = lambda i: comp.tasks.task("train", i)
+    shard = {"shard_index": self.coord.process_index, "shard_count": self.coord.process_count}
+    self.rl_stream = streams.TaskStream(get_train, pool_size=cfg.task.train_size,
+                                         seed=cfg.seed, **shard)
+    self.ws_stream = streams.TaskStream(
+        (lambda i: get_train(i + _WARMSTART_OFFSET)) if not cfg.task.train_size else get_train,
+        pool_size=cfg.task.train_size, seed=cfg.seed + 1, **shard)
+    self.agent = loop_lib.AgentLoop(
+        workflow_factory=comp.workflow_factory, tokenizer=comp.tokenizer, replay=self.replay,
+        stream=self.rl_stream, sample_fn=self.device.sampler(cfg.seed),
+        tasks_per_batch=cfg.rl.tasks_per_batch, group_size=cfg.rl.group_size,
+        batches_in_flight=cfg.rl.batches_in_flight, max_context=cfg.rl.buckets[-1],
+        max_new_tokens=cfg.workflow.max_new_tokens, stage_rewards=cfg.workflow.stage_rewards)
+    self.phase, self.step = "warmstart", 0  # step: global (warm-start steps, then RL updates)
+    self.counters: collections.Counter = collections.Counter()
+    # Greedy pass per held-out task at the end of the warm-start: the baseline of the paired gain.
+    self.warm_passed: Optional[np.ndarray] = None
+    self.last_eval: dict[str, Any] = {}
+    self.rl_saved: Optional[dict[str, Any]] = None  # the RL phase's checkpointed host state
+    self.rl_state = None  # the RL phase's live host state: `state_dict()` for checkpoints
+    self.preempted = False
+    self.metrics: Optional[metrics_lib.MetricsWriter] = None
+    self.t_start = time.time()
+
+  def restore(self) -> None:
+    """Resumes from the latest intact checkpoint, if any; opens the metrics writer."""
+    if self.ckpt.latest_step() is not None:
+      host, meta = self.device.restore(self.ckpt)
+      self.phase, self.step = meta["phase"], int(meta["step"])
+      self.counters = collections.Counter(meta["counters"])
+      if meta.get("warmstart_passed") is not None:
+        self.warm_passed = np.asarray(meta["warmstart_passed"], bool)
+      if self.phase == "rl":
+        self.replay.load_state_dict(host["replay"], meta["replay"])
+        self.agent.load_state_dict(host["loop"], meta["loop"])
+        self.rl_saved = meta.get("rl_phase")
+      logging.info("resumed %s at global step %d", self.phase, self.step)
+    self.metrics = metrics_lib.MetricsWriter(self.workdir, self.cfg, self.total, self.step)
+
+  def stopping(self) -> bool:
+    """The run stops here: `stop_after` reached or a signal agreed on (`preempted`)."""
+    return self.preempted or (self._stop_after is not None and self.step >= self._stop_after)
+
+  @property
+  def stop_requested(self) -> bool:
+    """This process received SIGTERM / SIGINT (to be agreed on with the others)."""
+    return self._stop.requested
+
+  @property
+  def signal_name(self) -> Optional[str]:
+    return self._stop.signal_name
+
+  def save(self) -> None:
+    """Writes a checkpoint at the current global step."""
+    meta = {"phase": self.phase, "step": self.step, "counters": dict(self.counters),
+            "warmstart_passed": (None if self.warm_passed is None
+                                 else [int(v) for v in self.warm_passed])}
+    host = {}
+    if self.phase == "rl":
+      host["replay"], meta["replay"] = self.replay.state_dict()
+      host["loop"], meta["loop"] = self.agent.state_dict()
+      meta["data_position"] = self.rl_stream.position
+      if self.rl_state is not None:
+        meta["rl_phase"] = self.rl_state.state_dict()
+    self.ckpt.save(self.step, self.device.checkpoint_tree(), host, meta)
+
+  def checkpoint(self, force: bool = False) -> None:
+    """Saves when `checkpoint.every` divides the step (or `force`), unless already saved."""
+    if (force or periodic(self.step, self.cfg.checkpoint.every)) and (
+        self.ckpt.latest_step() != self.step):
+      self.save()
+
+  def close(self) -> None:
+    if self.metrics is not None:
+      self.metrics.close()
+    self.agent.close()

@@ -1,0 +1,101 @@
+"""How `launch/train.py` runs end: preempted by SIGTERM and resumed, or ended without progress.
+
+Runs launch/train.py as a subprocess with a micro config. SIGTERM mid-RL: the run finishes its
+step, writes a checkpoint and exits with `exit_codes.PREEMPTED`, its last line saying so; a
+restart on the same workdir resumes there, and the concatenated metrics history equals an
+uninterrupted run's (wall-clock columns aside). A run whose RL phase stops for lack of learning
+signal exits with `exit_codes.NO_PROGRESS`, its last line naming the cause.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest
+
+from agentic_grpo import exit_codes
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_LIMIT_S = 600
+_MICRO = (
+    "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
+    "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",
+    "--config.model.max_seq_len=256", "--config.task.eval_size=2",
+    "--config.workflow.max_new_tokens=12", "--config.rl.tasks_per_batch=1",
+    "--config.rl.group_size=2", "--config.rl.rows_per_update=4", "--config.rl.buckets=(128,)",
+    "--config.rl.batches_in_flight=2", "--config.warmstart.steps=1",
+    "--config.warmstart.batch_size=4", "--config.warmstart.seq_len=128",
+    "--config.eval.every=0", "--config.eval.num_samples=0", "--config.eval.k=1",
+    "--config.checkpoint.every=0", "--config.log.progress_bar=False",
+    "--config.log.tensorboard=False", "--config.log.plot=False", "--config.mesh.data=1",
+)
+_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds")
+
+
+def _command(workdir: str, *overrides: str) -> list[str]:
+  return [sys.executable, "-m", "launch.train", "--workdir", workdir, *_MICRO, *overrides]
+
+
+def _env() -> dict[str, str]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def _history(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [{k: v for k, v in r.items() if k not in _WALL_CLOCK} for r in rows]
+
+
+def _last_line(text: str) -> str:
+  return text.strip().splitlines()[-1]
+
+
+class RunEndTest(absltest.TestCase):
+
+  def _run(self, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=_LIMIT_S)
+
+  def test_sigterm_mid_rl_then_restart_equals_an_uninterrupted_run(self):
+    steps = ("--config.rl.num_steps=6", "--config.replay.skip_zero_advantage=False")
+    full, parts = self.create_tempdir().full_path, self.create_tempdir().full_path
+    done = self._run(*_command(full, *steps))
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    proc = subprocess.Popen(_command(parts, *steps), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    self.addCleanup(lambda: proc.poll() is None and proc.kill())
+    metrics = pathlib.Path(parts, "metrics.jsonl")
+    deadline = time.time() + _LIMIT_S
+    while time.time() < deadline and proc.poll() is None:  # the first RL row: mid-RL
+      if metrics.exists() and '"phase": "rl"' in metrics.read_text():
+        break
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=_LIMIT_S)
+    self.assertEqual(proc.returncode, exit_codes.PREEMPTED, err[-3000:])
+    self.assertIn("stopped by SIGTERM at global step", _last_line(err))
+    stopped = len(_history(parts))
+    again = self._run(*_command(parts, *steps))
+    self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+    self.assertIn("resumed rl at global step", again.stderr)
+    self.assertLess(stopped, len(_history(full)))
+    self.assertEqual(_history(parts), _history(full))
+
+  def test_rl_without_learning_signal_exits_no_progress_naming_the_cause(self):
+    proc = self._run(*_command(self.create_tempdir().full_path, "--config.rl.num_steps=50",
+                               "--config.rl.max_idle_batches=2",
+                               "--config.replay.skip_zero_advantage=True"))
+    self.assertEqual(proc.returncode, exit_codes.NO_PROGRESS, proc.stderr[-3000:])
+    last = _last_line(proc.stderr)
+    self.assertIn("the RL phase ended early", last)
+    self.assertIn("all advantages 0", last)
+
+
+if __name__ == "__main__":
+  absltest.main()
