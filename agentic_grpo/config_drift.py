@@ -27,6 +27,7 @@ FIXED = frozenset({
     "model.head_dim", "model.mlp_dim", "model.max_seq_len",
     "task.source", "task.seed", "task.depths", "task.string_prob", "task.ambiguity_target",
     "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",
+    "task.path", "task.heldout_fraction", "task.split_seed",
     "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
     "workflow.reward_mode", "workflow.reference_fix_fraction", "workflow.num_agent_tests",
     "workflow.stage_rewards", "workflow.max_new_tokens", "workflow.max_obs_chars",
@@ -51,6 +52,7 @@ FIXED = frozenset({
 # logs, resources, guards, and the parameter layout (restores reshard).
 MAY_CHANGE = frozenset({
     "task.eval_size",  # a changed held-out set only loses the paired gain (with a warning)
+    "task.on_error",  # skip or stop on a malformed row: the same tasks when the load succeeds
     "sandbox.workers", "sandbox.timeout_s", "sandbox.cpu_s", "sandbox.memory_mb",
     "sandbox.min_isolation",
     "rl.num_steps",  # the run's length (and the cosine schedule's)

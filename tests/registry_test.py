@@ -84,7 +84,7 @@ class PromptFormatTest(absltest.TestCase):
 class TaskSourceTest(absltest.TestCase):
 
   def test_synthetic_source_from_the_task_section(self):
-    self.assertEqual(sources.TASK_SOURCES.names(), ("synthetic",))
+    self.assertEqual(sources.TASK_SOURCES.names(), ("synthetic", "humaneval", "mbpp", "jsonl"))
     section = config_lib.TaskSection(seed=3, depths=(1, 2), split_by="task")
     tasks = sources.TASK_SOURCES.get("synthetic")(section)
     want = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
@@ -96,8 +96,8 @@ class TaskSourceTest(absltest.TestCase):
 
   def test_config_validates_task_source(self):
     with self.assertRaisesRegex(ValueError, r"config.task.source must be one of "
-                                r"\('synthetic',\), got 'humaneval'"):
-      config_lib.TaskSection(source="humaneval").validate("task")
+                                r"\('synthetic', 'humaneval', 'mbpp', 'jsonl'\), got 'apps'"):
+      config_lib.TaskSection(source="apps").validate("task")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 
+from agentic_grpo.agent import check_split
 from agentic_grpo.agent import sandbox
 from agentic_grpo.tasks import task as task_lib
 
@@ -85,11 +86,21 @@ def _check_function(script: str) -> Optional[str]:
 
 
 def hidden_program(task: task_lib.Task, source: str) -> sandbox.Program:
-  """`source` run on the task's hidden tests (I/O tests, or its hidden script)."""
+  """`source` run on the task's hidden tests (I/O tests, and its hidden script).
+
+  A HumanEval-style `check(candidate)` script is split by
+  `check_split.split_check`: its `assert candidate(...) == literal` lines
+  become I/O tests compared in the trusted parent, the rest stays a script
+  test (none when nothing is left).
+  """
   script = task.hidden_script or None
-  return sandbox.Program(source, task.entry_point, io_tests=io_tests(task.hidden_tests),
-                         script_test=script,
-                         check_function=_check_function(script) if script else None,
+  tests = io_tests(task.hidden_tests)
+  check = _check_function(script) if script else None
+  if check is not None:
+    converted, script = check_split.split_check(script, check)
+    tests += converted
+  return sandbox.Program(source, task.entry_point, io_tests=tests, script_test=script,
+                         check_function=check if script else None,
                          script_context=(task.code_context or None) if script else None)
 
 

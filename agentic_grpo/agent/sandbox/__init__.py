@@ -1,7 +1,8 @@
 """Sandboxed execution of untrusted Python programs, with typed verdicts.
 
 Modules: `types` (Program, IOTest, Limits, Isolation, RunResult, Verdict),
-`pool` (SandboxPool, run_program), `isolation` (what confinement a worker
+`stdio` (the stdin/stdout judge: StdioProgram, StdioTest, StdioResult,
+StdioVerdict, outputs_match), `pool` (SandboxPool, run_program), `isolation` (what confinement a worker
 gets), `worker` (one server process), `values` (plain literals across the
 boundary) and `runner` (the server and children inside the sandbox, standard
 library only). Values are compared by `agentic_grpo.tasks.literals.values_equal`.
@@ -12,10 +13,16 @@ Typical use::
   programs = [sandbox.Program(source, "add", io_tests=(sandbox.IOTest((1, 2), 3),))]
   with sandbox.SandboxPool(max_workers=4) as pool:
     results = pool.map(programs)      # list[RunResult], in order
+    judged = pool.map([sandbox.StdioProgram("print(sum(map(int, input().split())))",
+                                            (sandbox.StdioTest("1 2", "3"),))])
 """
 
 from agentic_grpo.agent.sandbox.pool import run_program
 from agentic_grpo.agent.sandbox.pool import SandboxPool
+from agentic_grpo.agent.sandbox.stdio import StdioProgram
+from agentic_grpo.agent.sandbox.stdio import StdioResult
+from agentic_grpo.agent.sandbox.stdio import StdioTest
+from agentic_grpo.agent.sandbox.stdio import StdioVerdict
 from agentic_grpo.agent.sandbox.types import IOTest
 from agentic_grpo.agent.sandbox.types import ISOLATION_LEVELS
 from agentic_grpo.agent.sandbox.types import Isolation
@@ -25,4 +32,5 @@ from agentic_grpo.agent.sandbox.types import RunResult
 from agentic_grpo.agent.sandbox.types import Verdict
 
 __all__ = ["IOTest", "ISOLATION_LEVELS", "Isolation", "Limits", "Program", "RunResult",
-           "SandboxPool", "Verdict", "run_program"]
+           "SandboxPool", "StdioProgram", "StdioResult", "StdioTest", "StdioVerdict", "Verdict",
+           "run_program"]

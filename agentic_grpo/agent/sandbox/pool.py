@@ -59,6 +59,7 @@ import weakref
 
 from agentic_grpo.agent.sandbox import isolation as isolation_lib
 from agentic_grpo.agent.sandbox import runner
+from agentic_grpo.agent.sandbox import stdio
 from agentic_grpo.agent.sandbox import values
 from agentic_grpo.agent.sandbox import worker as worker_lib
 from agentic_grpo.agent.sandbox.types import Isolation, Limits, Program, RunResult, Verdict
@@ -68,14 +69,18 @@ _OPEN_FILES = 64
 
 
 # ------------------------------------------------------------- verdicts
+def _nproc(limits: Limits, plan: isolation_lib.Plan) -> int:
+  """RLIMIT_NPROC of a job's processes (-1: leave it)."""
+  if plan.drop_privileges:
+    return limits.max_processes
+  if plan.user_namespace:
+    return limits.max_processes + 2  # unshare and the server share the count
+  return -1  # unbounded per sandbox: fork is refused instead
+
+
 def _job(program: Program, limits: Limits, plan: isolation_lib.Plan, nonce: bytes) -> dict:
   """The job dict the server reads (marshal): the program, its test inputs and limits."""
-  if plan.drop_privileges:
-    nproc = limits.max_processes
-  elif plan.user_namespace:
-    nproc = limits.max_processes + 2  # unshare and the server share the count
-  else:
-    nproc = -1  # unbounded per sandbox: fork is refused instead
+  nproc = _nproc(limits, plan)
   return {
       "nonce": nonce,
       "source": program.source,
@@ -97,6 +102,16 @@ def _job(program: Program, limits: Limits, plan: isolation_lib.Plan, nonce: byte
           "report": limits.result_bytes + 4096 + 1024 * len(program.io_tests),
       },
   }
+
+
+def _equal(value: Any, test) -> bool:
+  """Whether a decoded return value passes `test` (see `IOTest.equality`)."""
+  if test.equality == "python":
+    try:
+      return bool(value == test.expected)
+    except RecursionError:
+      return False
+  return literals.values_equal(value, test.expected)
 
 
 def _assemble(program: Program, limits: Limits, raw: worker_lib.Raw, nonce: bytes,
@@ -136,7 +151,7 @@ def _assemble(program: Program, limits: Limits, raw: worker_lib.Raw, nonce: byte
         if tag == b"R":
           value = values.decode(parts[2])
           outputs[i] = value
-          passed[i] = literals.values_equal(value, program.io_tests[i].expected)
+          passed[i] = _equal(value, program.io_tests[i])
         else:
           kind = parts[2].decode()
           kinds.add(kind)
@@ -317,24 +332,30 @@ class SandboxPool:
       for w in workers:
         self._idle.put(w)
 
-  def submit(self, program: Program,
-             limits: Limits | None = None) -> concurrent.futures.Future[RunResult]:
-    """Schedules `program`; the future's result is a RunResult (never raises).
+  def submit(self, program: Program | stdio.StdioProgram, limits: Limits | None = None
+             ) -> concurrent.futures.Future[RunResult | stdio.StdioResult]:
+    """Schedules `program`; the future's result never raises.
+
+    A `Program` gives a RunResult; a `stdio.StdioProgram` a `stdio.StdioResult`
+    (all its tests run in this one job, under the program's own time, memory
+    and output limits; of `limits` only `max_processes` applies).
 
     Raises:
-      ValueError: if `program` is not a Program or `limits` not a Limits.
+      ValueError: if `program` is neither or `limits` not a Limits.
       RuntimeError: if the pool is closed.
     """
     self._check_open()
-    if not isinstance(program, Program):
-      raise ValueError(f"program must be a Program, got {type(program).__name__}")
+    if not isinstance(program, (Program, stdio.StdioProgram)):
+      raise ValueError(f"program must be a Program or StdioProgram, got "
+                       f"{type(program).__name__}")
     if limits is None:
       limits = self.limits
     if not isinstance(limits, Limits):
       raise ValueError(f"limits must be a Limits or None, got {type(limits).__name__}")
     return self._executor.submit(self._run, program, limits)
 
-  def map(self, programs: Sequence[Program], limits: Limits | None = None) -> list[RunResult]:
+  def map(self, programs: Sequence[Program | stdio.StdioProgram],
+          limits: Limits | None = None) -> list[RunResult | stdio.StdioResult]:
     """Runs `programs` in parallel; returns their results in the same order."""
     futures = [self.submit(p, limits) for p in programs]
     return [f.result() for f in futures]
@@ -357,7 +378,9 @@ class SandboxPool:
     if self._closed:
       raise RuntimeError("SandboxPool is closed")
 
-  def _run(self, program: Program, limits: Limits) -> RunResult:
+  def _run(self, program, limits: Limits):
+    if isinstance(program, stdio.StdioProgram):
+      return self._run_stdio(program, limits)
     start = time.monotonic()
     worker = self._idle.get()
     try:
@@ -367,6 +390,20 @@ class SandboxPool:
       return _assemble(program, limits, raw, nonce, time.monotonic() - start)
     except BaseException as e:  # pylint: disable=broad-except
       return _error_result(program, f"sandbox failure: {e}", time.monotonic() - start)
+    finally:
+      self._idle.put(worker)
+
+
+  def _run_stdio(self, program: stdio.StdioProgram, limits: Limits) -> stdio.StdioResult:
+    start = time.monotonic()
+    worker = self._idle.get()
+    try:
+      nonce = secrets.token_hex(16).encode("ascii")
+      job = stdio.job(program, _nproc(limits, self._plan), dict(isolation_lib.ENV), nonce)
+      raw = worker.run(job, program.wall_seconds * len(program.tests) + 2.0)
+      return stdio.assemble(program, raw.report, nonce, time.monotonic() - start)
+    except BaseException as e:  # pylint: disable=broad-except
+      return stdio.error_result(program, f"sandbox failure: {e}", time.monotonic() - start)
     finally:
       self._idle.put(worker)
 

@@ -54,6 +54,15 @@ Report lines (fd 3), each `<nonce> <payload>\\n`:
   `I <hex>`          the harness itself failed (a bad job)
   `D`                the candidate child finished every test and call
 
+A stdin/stdout job (`"kind": "stdio"`, see `stdio.py`) carries inputs but
+no expected outputs. The server forks one child per input (`_stdio_main`),
+each in a fresh working directory with the input on stdin (a memfd), stdout
+and stderr on separate pipes and the job's limits per test; the child runs
+the program as `__main__` and reports `S`, `L <kind> <hex>` or `D`. The
+RESULT frame's report is then the `marshal` list of per-test dicts (exit
+status, CPU, wall, peak RSS, limit hit, stdout, stderr tail, report lines);
+the parent compares the outputs.
+
 `<kind>` is `M` (MemoryError), `O` (file size limit hit), `U` (return value
 not a plain literal or too large) or `E` (anything else). `<hex>` is a UTF-8
 message in hex.
@@ -418,20 +427,24 @@ def _getframe_allowlist():
 
 
 # --------------------------------------------------------------- the children
-def _confine(job, workdir, out_w, rep_w, uid, keep=()):
-  """Common set-up of both children: session, stdio, rlimits, env, uid.
+def _confine(job, workdir, out_w, rep_w, uid, keep=(), stdin=None, err_w=None):
+  """Common set-up of all children: session, stdio, rlimits, env, uid.
 
-  Returns the new numbers of the descriptors in `keep` (REPORT_FD + 1, ...);
-  every other descriptor above REPORT_FD is closed.
+  stdin comes from `stdin` (default /dev/null); stderr goes to `err_w`
+  (default: with stdout to `out_w`). Returns the new numbers of the
+  descriptors in `keep` (REPORT_FD + 1, ...); every other descriptor above
+  REPORT_FD is closed.
   """
   os.setsid()
   null = os.open("/dev/null", os.O_RDONLY)
   import fcntl  # pylint: disable=g-import-not-at-top
-  out_hi, rep_hi, *keep_hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
-                              for fd in (out_w, rep_w) + tuple(keep)]
-  os.dup2(null, 0)
+  in_fd = null if stdin is None else stdin
+  err_fd = out_w if err_w is None else err_w
+  in_hi, out_hi, err_hi, rep_hi, *keep_hi = [
+      fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (in_fd, out_w, err_fd, rep_w) + tuple(keep)]
+  os.dup2(in_hi, 0)
   os.dup2(out_hi, 1)
-  os.dup2(out_hi, 2)
+  os.dup2(err_hi, 2)
   os.dup2(rep_hi, REPORT_FD)
   kept = tuple(REPORT_FD + 1 + i for i in range(len(keep_hi)))
   for fd, new in zip(keep_hi, kept):
@@ -726,6 +739,69 @@ def _check_main(job, workdir, out_w, rep_w, uid, hook_args, calls):
   exit_(0)
 
 
+def _stdio_main(job, workdir, out_w, rep_w, uid, hook_args, fds):
+  """Runs the program as `__main__` on one test's input; never returns.
+
+  `fds`: (stdin descriptor holding the test's input, stderr write end).
+  Reports `S` (does not compile), `L <kind>` (raised, or exited non-zero) or
+  `D` (ran to the end, or `sys.exit(0)`); the exit status says the rest.
+  """
+  exit_ = os._exit  # pylint: disable=protected-access
+  rep = _make_reporter(job["nonce"])
+  try:
+    _confine(job, workdir, out_w, rep_w, uid, stdin=fds[0], err_w=fds[1])
+    import builtins  # pylint: disable=g-import-not-at-top
+    import io  # pylint: disable=g-import-not-at-top
+    source = job["source"]
+    hook = _make_audit_hook(workdir, *hook_args) if hook_args is not None else None
+    # Fresh streams on the new descriptors (the server's read nothing through them).
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding="utf-8", errors="replace")
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False), 1 << 16),
+                                  encoding="utf-8", errors="replace")
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                  encoding="utf-8", errors="replace", line_buffering=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+  except BaseException as e:  # pylint: disable=broad-except
+    rep(b"I " + _hex("sandbox setup failed: %s: %s" % (type(e).__name__, e)))
+    exit_(71)
+  del job
+  hex_, describe, kind_of, base_exc = _hex, _describe, _kind_of, BaseException
+  system_exit, compile_, exec_ = SystemExit, compile, exec
+  out_stream, err_stream = sys.stdout, sys.stderr
+
+  def finish(code):
+    for stream in (out_stream, err_stream):
+      try:
+        stream.flush()
+      except base_exc:  # pylint: disable=broad-except
+        pass
+    exit_(code)
+
+  if hook is not None:
+    sys.addaudithook(hook)
+    del hook
+  try:
+    code = compile_(source, "<program>", "exec", dont_inherit=True)
+  except base_exc as e:  # pylint: disable=broad-except
+    rep(b"S " + hex_(describe(e)))
+    finish(1)
+  try:
+    exec_(code, {"__name__": "__main__", "__builtins__": builtins})
+  except system_exit as e:
+    status = e.code
+    if status is None or status == 0:
+      rep(b"D")
+      finish(0)
+    rep(b"L E " + hex_("SystemExit: %r" % (status,)))
+    finish(1)
+  except base_exc as e:  # pylint: disable=broad-except
+    rep(b"L " + kind_of(e) + b" " + hex_(describe(e)))
+    finish(1)
+  rep(b"D")
+  finish(0)
+
+
 # --------------------------------------------------------------- the server
 def _read_exact(fd, n):
   chunks = []
@@ -1012,6 +1088,131 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, hook_args, views):
   return header, tail_bytes + bytes(report)
 
 
+def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
+  """Runs the program once on `data` (bytes on stdin); returns the test's dict.
+
+  Keys: status (wait status), cpu (seconds), wall (seconds), maxrss (KiB),
+  reason (a REASON_*), stdout (bytes, at most the output cap), tail (the last
+  TAIL_BYTES of stderr), report (the nonce-tagged report lines).
+  """
+  import select  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  start = time.monotonic()
+  stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+  _write_all(stdin, data)
+  os.lseek(stdin, 0, os.SEEK_SET)
+  out_r, out_w = os.pipe2(os.O_CLOEXEC)
+  err_r, err_w = os.pipe2(os.O_CLOEXEC)
+  rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+  try:
+    pid = _fork_child(_stdio_main, job, workdir, out_w, rep_w, uid, hook_args, (stdin, err_w),
+                      (out_r, err_r, rep_r))
+  except OSError as e:
+    for fd in (stdin, out_r, out_w, err_r, err_w, rep_r, rep_w):
+      os.close(fd)
+    return {"status": 0, "cpu": 0.0, "wall": 0.0, "maxrss": 0, "reason": REASON_SPAWN,
+            "stdout": b"", "tail": _hex("fork failed: %s" % e), "report": b""}
+  for fd in (stdin, out_w, err_w, rep_w):
+    os.close(fd)
+  limits = job["limits"]
+  deadline, out_cap, rep_cap = start + limits["wall"], limits["output"], limits["report"]
+  pidfd = os.pidfd_open(pid)
+  bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
+  poller = select.poll()
+  for fd in bufs:
+    os.set_blocking(fd, False)
+    poller.register(fd, select.POLLIN)
+  poller.register(pidfd, select.POLLIN)
+  reason, total, running, open_fds = REASON_NONE, 0, True, set(bufs)
+
+  def drain(fd):
+    nonlocal total, reason
+    while True:
+      try:
+        chunk = os.read(fd, 1 << 16)
+      except BlockingIOError:
+        return True
+      if not chunk:
+        return False
+      buf = bufs[fd]
+      if fd == rep_r:
+        if len(buf) + len(chunk) > rep_cap:
+          reason = REASON_REPORT if reason == REASON_NONE else reason
+          return True
+        buf.extend(chunk)
+        continue
+      total += len(chunk)
+      if total > out_cap:
+        reason = REASON_OUTPUT if reason == REASON_NONE else reason
+        return True
+      buf.extend(chunk)
+      if fd == err_r and len(buf) > 2 * TAIL_BYTES:
+        del buf[:-TAIL_BYTES]
+
+  while running and reason == REASON_NONE:
+    timeout = deadline - time.monotonic()
+    if timeout <= 0:
+      reason = REASON_DEADLINE
+      break
+    for fd, _ in poller.poll(timeout * 1000):
+      if fd == pidfd:
+        running = False
+      elif fd in open_fds and not drain(fd):
+        poller.unregister(fd)
+        open_fds.discard(fd)
+  _kill_all(pid, uid, ns_init)
+  _, status, usage = os.wait4(pid, 0)
+  if ns_init:
+    _reap_all(2.0)
+  os.close(pidfd)
+  end = time.monotonic() + 1.0  # Every writer is dead: read what is left (bounded).
+  while open_fds and time.monotonic() < end and reason == REASON_NONE:
+    for fd, _ in poller.poll(100):
+      if fd in open_fds and not drain(fd):
+        poller.unregister(fd)
+        open_fds.discard(fd)
+  for fd in bufs:
+    os.close(fd)
+  cpu = usage.ru_utime + usage.ru_stime
+  if reason == REASON_NONE and os.WIFSIGNALED(status) and (
+      os.WTERMSIG(status) == signal.SIGXCPU or (
+          os.WTERMSIG(status) == signal.SIGKILL and cpu >= 0.5 * limits["cpu"])):
+    reason = REASON_CPU
+  return {"status": status, "cpu": cpu, "wall": time.monotonic() - start,
+          "maxrss": usage.ru_maxrss, "reason": reason, "stdout": bytes(bufs[out_r]),
+          "tail": bytes(bufs[err_r][-TAIL_BYTES:]), "report": bytes(bufs[rep_r])}
+
+
+def _run_stdio_job(job, root, counter, uid, ns_init, hook_args, views):
+  """Runs a stdin/stdout job: the program once per input, each in a fresh
+  working directory and fresh views; returns the RESULT frame whose report is
+  the `marshal` list of the tests' dicts (`_run_stdio_test`)."""
+  tests = []
+  for i, data in enumerate(job["inputs"]):
+    workdir = os.path.join(root, "job%d_%d" % (counter, i))
+    if os.path.islink(workdir):
+      os.unlink(workdir)
+    elif os.path.lexists(workdir):
+      _remove_tree(workdir)
+    os.mkdir(workdir, 0o700)
+    if uid >= 0:
+      os.chown(workdir, uid, uid)
+    try:
+      tests.append(_run_stdio_test(job, data, workdir, uid, ns_init, hook_args))
+    finally:
+      _remove_tree(workdir)
+      for view in views:
+        _empty_dir(view)
+    if job["stop_on_error"] and (tests[-1]["reason"] != REASON_NONE or
+                                 tests[-1]["status"] != 0):
+      break
+  body = marshal.dumps(tests)
+  cpu = sum(t["cpu"] for t in tests)
+  total = sum(len(t["stdout"]) for t in tests)
+  return "RESULT 0 %.6f %s %d 0 %d - %%d\n" % (cpu, REASON_NONE, total, len(body)), body
+
+
 def _stdlib_roots():
   roots = []
   for p in sys.path:
@@ -1140,8 +1341,12 @@ def serve(argv):
       break
     job = marshal.loads(payload)
     counter += 1
-    header, body = _run_job(job, args.root, counter, args.uid, bool(args.allow_fork), ns_init,
-                            hook_args, args.view)
+    if job.get("kind") == "stdio":
+      header, body = _run_stdio_job(job, args.root, counter, args.uid, ns_init, hook_args,
+                                    args.view)
+    else:
+      header, body = _run_job(job, args.root, counter, args.uid, bool(args.allow_fork),
+                              ns_init, hook_args, args.view)
     # A job that changed the mount table (possible only with capabilities in a
     # user namespace) must not leave its mounts to the next job: retire.
     retire = _mount_table() != mounts

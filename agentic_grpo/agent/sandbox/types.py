@@ -126,12 +126,20 @@ class IOTest:
     args: positional arguments, plain literals (None, bool, int, float,
       complex, str, bytes, list, tuple, set, frozenset, dict; no subclasses).
     expected: the expected return value, a plain literal; it never enters
-      the sandbox. Compared by `tasks.literals.values_equal`.
+      the sandbox.
+    equality: "strict" compares with `tasks.literals.values_equal` (type-
+      strict, `1 != 1.0 != True`); "python" with `==` of the decoded value,
+      as the assertion `assert f(*args) == expected` it came from would (both
+      sides are plain literals of builtin types, so `==` runs no untrusted
+      code).
   """
   args: tuple
   expected: Any
+  equality: str = "strict"
 
   def __post_init__(self):
+    if self.equality not in ("strict", "python"):
+      raise ValueError(f"IOTest.equality must be 'strict' or 'python', got {self.equality!r}")
     if isinstance(self.args, list):
       object.__setattr__(self, "args", tuple(self.args))
     if type(self.args) is not tuple:  # pylint: disable=unidiomatic-typecheck

@@ -1,0 +1,111 @@
+"""Finite task sources from the config: humaneval, mbpp, jsonl; the split rule; bad rows."""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentic_grpo import config as config_lib
+from agentic_grpo.tasks import finite
+from agentic_grpo.tasks import loading
+from agentic_grpo.tasks import sources
+from agentic_grpo.tasks import synthetic
+from agentic_grpo.tasks import task as task_lib
+
+
+def _mbpp_row(i):
+  return {"task_id": i, "text": f"Add {i}.", "code": f"def add_{i}(x):\n  return x + {i}",
+          "test_list": [f"assert add_{i}(1) == {1 + i}", f"assert add_{i}(2) == {2 + i}",
+                        f"assert add_{i}(0) == {i}"]}
+
+
+class SplitRuleTest(parameterized.TestCase):
+
+  def test_deterministic_and_order_free(self):
+    tasks = [synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=1)).task("train", i)
+             for i in range(60)]
+    a = finite.FiniteTasks(tasks, 0.25, 7)
+    b = finite.FiniteTasks(tasks[::-1], 0.25, 7)
+    self.assertEqual({t.task_id for t in a.heldout}, {t.task_id for t in b.heldout})
+    self.assertEqual(a.size("train") + a.size("test"), 60)
+    self.assertBetween(a.size("test"), 5, 25)
+    self.assertEqual(a.task("validation", 3), a.task("test", 3))
+    self.assertEqual(a.task("train", a.size("train") + 2), a.task("train", 2))  # cycles
+    self.assertTrue(all(finite.is_heldout(t.task_id, 0.25, 7) for t in a.heldout))
+    other = finite.FiniteTasks(tasks, 0.25, 8)
+    self.assertNotEqual({t.task_id for t in a.heldout}, {t.task_id for t in other.heldout})
+
+  @parameterized.parameters((1e-9, "held-out split"), (1 - 1e-9, "train split"))
+  def test_both_splits_are_forced(self, fraction, empty):
+    tasks = [synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=1)).task("train", i)
+             for i in range(10)]
+    with self.assertRaisesRegex(ValueError, f"the {empty} of 10 tasks is empty"):
+      finite.FiniteTasks(tasks, fraction, 0)
+
+  def test_bad_arguments(self):
+    task = synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=1)).task("train", 0)
+    with self.assertRaisesRegex(ValueError, "duplicate task_id"):
+      finite.FiniteTasks([task, task], 0.5, 0)
+    with self.assertRaisesRegex(ValueError, "heldout_fraction"):
+      finite.FiniteTasks([task], 1.0, 0)
+
+
+class SourcesFromConfigTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+
+  def _write(self, name, lines):
+    path = os.path.join(self.dir, name)
+    with open(path, "wb") as f:
+      for line in lines:
+        f.write(line if isinstance(line, bytes) else json.dumps(line).encode() + b"\n")
+    return path
+
+  def test_humaneval(self):
+    section = config_lib.TaskSection(source="humaneval", heldout_fraction=0.25)
+    section.validate("task")
+    tasks = sources.TASK_SOURCES.get("humaneval")(section)
+    self.assertEqual(tasks.size("train") + tasks.size("test"), 164)
+    self.assertBetween(tasks.size("test"), 25, 60)
+    self.assertTrue(tasks.task("test", 0).task_id.startswith("HumanEval/"))
+
+  def test_mbpp_with_bad_rows_skipped_or_raised(self):
+    rows = [_mbpp_row(i) for i in range(20)]
+    bad = [b"\xff\xfe not utf-8\n", json.dumps({"task_id": 99, "text": "x", "code": "def f(:",
+                                                 "test_list": []}).encode() + b"\n",
+           json.dumps({"task_id": 98, "text": "x", "code": "def g(x): return x",
+                       "test_list": []}).encode() + b"\n"]
+    path = self._write("mbpp.jsonl", rows[:10] + bad + rows[10:])
+    section = config_lib.TaskSection(source="mbpp", path=path, heldout_fraction=0.3)
+    tasks = sources.TASK_SOURCES.get("mbpp")(section)
+    self.assertEqual(tasks.size("train") + tasks.size("test"), 20)
+    t = tasks.task("train", 0)
+    self.assertLen(t.public_examples, 1)  # MBPP's first test is public.
+    with self.assertRaisesRegex(loading.RowError, "mbpp.jsonl.*row 11"):
+      sources.TASK_SOURCES.get("mbpp")(config_lib.TaskSection(
+          source="mbpp", path=path, on_error="raise"))
+
+  def test_jsonl_round_trip(self):
+    gen = synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=2))
+    want = [gen.task("train", i) for i in range(30)]
+    path = self._write("tasks.jsonl", [json.loads(task_lib.task_to_json(t)) for t in want]
+                       + [{"task_id": "x"}])
+    tasks = sources.TASK_SOURCES.get("jsonl")(config_lib.TaskSection(source="jsonl", path=path))
+    got = {t.task_id: t for t in tasks.train + tasks.heldout}
+    self.assertEqual(got, {t.task_id: t for t in want})
+
+  def test_config_validation(self):
+    with self.assertRaisesRegex(ValueError, "config.task.path"):
+      config_lib.TaskSection(source="mbpp").validate("task")
+    with self.assertRaisesRegex(ValueError, "config.task.heldout_fraction"):
+      config_lib.TaskSection(heldout_fraction=0.0).validate("task")
+    with self.assertRaisesRegex(ValueError, "config.task.on_error"):
+      config_lib.TaskSection(on_error="ignore").validate("task")
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,185 @@
+"""The stdin/stdout judge: verdicts, adversarial programs, comparison, limits."""
+
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentic_grpo.agent import sandbox as sb
+from agentic_grpo.agent.sandbox import stdio
+
+V = stdio.StdioVerdict
+_SECRET = "expected-7f3a91"
+_TESTS = (stdio.StdioTest("1 2\n", "3\n"), stdio.StdioTest("5 7\n", _SECRET + "\n"))
+# Each program, run on _TESTS, and the verdict of its first test.
+_ADVERSARIAL = {
+    "correct": ("a, b = map(int, input().split())\nprint(a + b)", V.PASSED),
+    "wrong_answer": ("print(0)", V.WRONG_ANSWER),
+    "timeout_cpu": ("while True:\n  pass", V.TIMEOUT),
+    "timeout_sleep": ("import time\ntime.sleep(60)", V.TIMEOUT),
+    "memory": ("x = bytearray(2 * 10**9)", V.MEMORY_LIMIT),
+    "runtime_error": ("raise ValueError('boom')", V.RUNTIME_ERROR),
+    "exit_nonzero": ("import sys\nsys.exit(3)", V.RUNTIME_ERROR),
+    "syntax_error": ("def (:", V.RUNTIME_ERROR),
+    "output_flood": ("import sys\nwhile True:\n  sys.stdout.write('x' * 65536)", V.OUTPUT_LIMIT),
+    "stderr_flood": ("import sys\nwhile True:\n  sys.stderr.write('x' * 65536)", V.OUTPUT_LIMIT),
+    # Looks for the expected output everywhere it could be: files, environment,
+    # the parent's memory and command line, its own stdin.
+    "read_expected": ('''
+import os, sys
+found = []
+def look(fn):
+  try:
+    text = fn()
+    if isinstance(text, bytes):
+      text = text.decode("utf-8", "replace")
+    if "expected-" in str(text):
+      found.append(str(text)[:40])
+  except Exception:
+    pass
+look(lambda: sys.stdin.read())
+look(lambda: repr(dict(os.environ)))
+for pid in ("1", "2", str(os.getppid()), "self"):
+  for name in ("cmdline", "environ", "mem", "maps"):
+    look(lambda: open("/proc/%s/%s" % (pid, name), "rb").read(1 << 20))
+for root in ("/", "/tmp", "..", "/proc"):
+  try:
+    for r, _, files in os.walk(root):
+      for f in files[:50]:
+        look(lambda: open(os.path.join(r, f), "rb").read(1 << 16))
+  except Exception:
+    pass
+print(found[0] if found else "nothing")
+''', V.WRONG_ANSWER),
+}
+
+
+class StdioJudgeTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sb.SandboxPool(2)
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def test_adversarial_verdict_table(self):
+    names = list(_ADVERSARIAL)
+    programs = [stdio.StdioProgram(_ADVERSARIAL[n][0], _TESTS, time_seconds=1.0,
+                                   memory_bytes=256 * 2**20, output_bytes=2**20)
+                for n in names]
+    results = self.pool.map(programs)  # One pool call for every program and test.
+    table = {n: r.verdicts[0] for n, r in zip(names, results)}
+    self.assertEqual(table, {n: _ADVERSARIAL[n][1] for n in names})
+    for n, r in zip(names, results):
+      self.assertIsInstance(r, stdio.StdioResult)
+      self.assertLen(r.verdicts, 2)
+      if n != "correct":  # The second test's expected output is the secret.
+        self.assertNotEqual(r.verdicts[1], V.PASSED, n)
+    correct = results[names.index("correct")]
+    self.assertEqual(correct.verdicts, (V.PASSED, V.WRONG_ANSWER))  # 12 != the secret.
+    self.assertEqual(correct.num_passed, 1)
+    self.assertEqual(correct.verdict, V.WRONG_ANSWER)
+    self.assertIn("boom", results[names.index("runtime_error")].error)
+    self.assertIn("SystemExit", results[names.index("exit_nonzero")].error)
+    self.assertIn("SyntaxError", results[names.index("syntax_error")].error)
+
+  def test_stdin_forms_and_exit_zero(self):
+    tests = (stdio.StdioTest(b"3\n1 2 3\n", "6"), stdio.StdioTest("2\n10 20\n", "30"))
+    sources = [
+        "n = int(input())\nprint(sum(map(int, input().split())))",
+        "import sys\ndata = sys.stdin.buffer.read().split()\nprint(sum(map(int, data[1:])))",
+        "data = open(0).read().split()\nprint(sum(map(int, data[1:])))",
+        "import sys\nprint(sum(map(int, sys.stdin.read().split()[1:])))\nsys.exit(0)",
+    ]
+    results = self.pool.map([stdio.StdioProgram(s, tests) for s in sources])
+    for s, r in zip(sources, results):
+      self.assertEqual(r.verdicts, (V.PASSED, V.PASSED), (s, r.error))
+
+  def test_tests_do_not_share_files(self):
+    source = ("import os\nprint('seen' if os.path.exists('state') else 'fresh')\n"
+              "open('state', 'w').write('x')")
+    tests = (stdio.StdioTest("", "fresh"),) * 3
+    [r] = self.pool.map([stdio.StdioProgram(source, tests)])
+    self.assertEqual(r.verdicts, (V.PASSED,) * 3)
+
+  def test_stop_on_error_skips_the_rest(self):
+    source = "x = int(input())\nprint(1 // x)"
+    tests = (stdio.StdioTest("1", "1"), stdio.StdioTest("0", "0"), stdio.StdioTest("1", "1"))
+    stop, go_on = self.pool.map([stdio.StdioProgram(source, tests, stop_on_error=True),
+                                 stdio.StdioProgram(source, tests)])
+    self.assertEqual(stop.verdicts, (V.PASSED, V.RUNTIME_ERROR, V.SKIPPED))
+    self.assertEqual(go_on.verdicts, (V.PASSED, V.RUNTIME_ERROR, V.PASSED))
+    self.assertEqual(go_on.num_passed, 2)
+
+  def test_float_tolerance(self):
+    tests = (stdio.StdioTest("", "0.3333333"),)
+    source = "print(1 / 3)"
+    exact, tolerant = self.pool.map([
+        stdio.StdioProgram(source, tests),
+        stdio.StdioProgram(source, tests, abs_tol=1e-6, rel_tol=1e-6)])
+    self.assertEqual(exact.verdict, V.WRONG_ANSWER)
+    self.assertEqual(tolerant.verdict, V.PASSED)
+
+
+class OutputsMatchTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      (b"1 2\n3\n", "1 2 3", True),
+      (b"  1\t2 \r\n3  \n\n", "1 2\n3\n", True),
+      (b"1 2", "1 2 3", False),
+      (b"1 2 3 4", "1 2 3", False),
+      (b"YES", "yes", False),
+      (b"", "", True),
+      (b"\xff\xfe", "x", False),
+      (b"1.0", "1", False),
+  )
+  def test_exact(self, actual, expected, match):
+    self.assertEqual(stdio.outputs_match(actual, expected), match)
+
+  @parameterized.parameters(
+      (b"1.0000001", "1", 1e-6, 0.0, True),
+      (b"1.001", "1", 1e-6, 0.0, False),
+      (b"1000.1", "1000", 0.0, 1e-3, True),
+      (b"nan", "nan", 1e-6, 0.0, True),  # Byte-equal tokens always match.
+      (b"inf", "1e308", 1e-6, 1.0, False),
+      (b"abc", "abd", 1.0, 1.0, False),
+  )
+  def test_tolerant(self, actual, expected, abs_tol, rel_tol, match):
+    self.assertEqual(stdio.outputs_match(actual, expected, abs_tol, rel_tol), match)
+
+
+class ValidationTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      dict(tests=()),
+      dict(tests=("1",)),
+      dict(time_seconds=0),
+      dict(time_seconds=float("inf")),
+      dict(memory_bytes=2**20),
+      dict(output_bytes=0),
+      dict(abs_tol=-1.0),
+  )
+  def test_bad_program(self, **kwargs):
+    args = dict(source="print(1)", tests=(stdio.StdioTest("", "1"),))
+    args.update(kwargs)
+    with self.assertRaisesRegex(ValueError, "StdioProgram"):
+      stdio.StdioProgram(**args)
+
+  def test_bad_test(self):
+    with self.assertRaisesRegex(ValueError, "StdioTest.expected"):
+      stdio.StdioTest("1", b"1")
+    with self.assertRaisesRegex(ValueError, "StdioTest.input"):
+      stdio.StdioTest(1, "1")
+
+  def test_job_holds_no_expected_output(self):
+    program = stdio.StdioProgram("print(1)", _TESTS)
+    job = stdio.job(program, -1, {}, b"nonce")
+    self.assertNotIn(_SECRET, repr(job))
+    self.assertEqual(job["inputs"], [b"1 2\n", b"5 7\n"])
+
+
+if __name__ == "__main__":
+  absltest.main()
