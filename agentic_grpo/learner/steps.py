@@ -1,147 +1,24 @@
-"""The learner: train state, the optimizer, and jitted, donated update steps.
+"""The jitted, donated update steps: `make_update_step` (Agentic GRPO policy update) and
+`make_sft_step` (supervised warm-start), micro-batched with token-count weighting.
 
-`update_step(state, batch, ref_params)` is one Agentic GRPO policy update. Provisional and
-correction rows are the same to it: each row carries its per-token advantage (staleness weight
-folded in by `replay.StagedReplay.take`) and the behaviour log-probs its importance ratios are
-taken against, and all rows go through `core.losses.policy_loss`. Optional terms: a KL penalty to
-a frozen reference policy (`core.losses.kl_penalty`, `loss.kl_beta`) and an entropy bonus.
-
-Which distribution each term sees: the importance ratio is taken under the sampling transform
-(temperature, top-k, top-p), the distribution the behaviour log-probs were recorded under. The
-KL term compares the temperature-scaled distributions of policy and reference without the top-k /
-top-p filter: under the filter a token outside the reference's kept set has log-prob -1e30, and
-its KL term is meaningless (the filter's kept sets differ, so the filtered distributions need not
-share support). The entropy bonus is the sampling distribution's (filtered entries carry no mass
-and no gradient).
-
-`sft_step(state, batch)` is the supervised warm-start step (token cross-entropy on reference
-episodes).
-
-Both split the batch into `micro_batches` and accumulate gradients in a `lax.scan`. Each
-micro-batch's loss is an `aggregate` of per-token values, so the batch loss is the sum of the
-micro-batch losses weighted by `d_b / Σ d_b` with `d_b = core.losses.aggregate_denominator`:
-micro-batching gives the same gradient as one pass over the whole batch (up to float rounding).
-
-Optimizer: AdamW (Loshchilov & Hutter, 2019) with linear warm-up, global-norm clipping, inside
-`optax.apply_if_finite`, which skips (and counts, in the optimizer state) an update whose
-gradients are not finite. `check_skipped_updates` turns a run of consecutive skips into an error
-(`rl.max_skipped_updates`), so that a run cannot go on training on nothing.
-
-Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
-(`learner_shardings` builds them on a device mesh, from `jax.eval_shape` of the train state); by
-default everything is replicated on a one-device mesh.
+See the package docstring (`agentic_grpo.learner`) for what each loss term sees.
 """
 
-import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional
 
-import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from agentic_grpo import config as config_lib
-from agentic_grpo import parallel
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
-from agentic_grpo.models import placement
+from agentic_grpo.learner.shardings import Shardings
+from agentic_grpo.learner.state import TrainState
 from agentic_grpo.models import transformer
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Learner state, a pytree.
-
-  Attributes:
-    params: model parameters (`nnx.State`).
-    opt_state: optax state (includes the non-finite counters of `optax.apply_if_finite`).
-    step: int32 scalar, updates applied so far (the policy version).
-    rng: uint32 `[2]` raw PRNG key, split on every step.
-  """
-  params: Any
-  opt_state: Any
-  step: jax.Array
-  rng: jax.Array
-
-
-@functools.lru_cache(maxsize=32)
-def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[float] = None,
-                   warmup_steps: Optional[int] = None, decay_steps: int = 0,
-                   final_lr_fraction: float = 1.0) -> optax.GradientTransformation:
-  """AdamW with linear warm-up and clipping, skipping non-finite updates.
-
-  Cached: equal arguments return the same object, so that the jitted steps built on it are
-  reused (no recompilation) by later runs in the same process.
-
-  Args:
-    optim: optimizer section of the config.
-    learning_rate: overrides `optim.learning_rate` (the warm-start uses its own).
-    warmup_steps: overrides `optim.warmup_steps`.
-    decay_steps: if > 0, a cosine decay (Loshchilov & Hutter, 2017) from the peak at the end
-      of the warm-up to `final_lr_fraction * learning_rate` at `decay_steps`; else constant.
-    final_lr_fraction: see `decay_steps`.
-  """
-  lr = optim.learning_rate if learning_rate is None else learning_rate
-  warmup = optim.warmup_steps if warmup_steps is None else warmup_steps
-  if decay_steps > 0:
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=lr / max(warmup, 1), peak_value=lr, warmup_steps=warmup,
-        decay_steps=max(decay_steps, warmup + 1), end_value=final_lr_fraction * lr)
-  elif warmup > 0:
-    # Linear warm-up from lr / warmup (the first update is not wasted), then constant.
-    schedule = optax.linear_schedule(lr / warmup, lr, warmup)
-  else:
-    schedule = optax.constant_schedule(lr)
-  parts = []
-  if optim.grad_clip > 0:
-    parts.append(optax.clip_by_global_norm(optim.grad_clip))
-  parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                           weight_decay=optim.weight_decay))
-  return optax.apply_if_finite(optax.chain(*parts), optim.max_consecutive_nonfinite)
-
-
-def init_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
-  """A fresh `TrainState` at step 0."""
-  return TrainState(params=params, opt_state=optimizer.init(params),
-                    step=jnp.zeros((), jnp.int32),
-                    rng=jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32))
-
-
-def nonfinite_count(state: TrainState) -> int:
-  """Updates skipped so far because their gradients were not finite."""
-  return int(state.opt_state.total_notfinite)
-
-
-class NonFiniteUpdatesError(RuntimeError):
-  """Too many consecutive updates were skipped because their gradients were not finite."""
-
-
-def check_skipped_updates(metrics: Sequence[Mapping[str, Any]], limit: int, step: int) -> None:
-  """Raises once `limit` consecutive updates have been skipped as non-finite.
-
-  Args:
-    metrics: host copies of the update metrics of the steps since the last check, in order
-      (each has `nonfinite_consecutive`: the optimizer's count of consecutive skipped updates).
-    limit: `rl.max_skipped_updates`; 0 never raises.
-    step: the step of the last entry of `metrics` (for the message).
-
-  Raises:
-    NonFiniteUpdatesError: if any entry's consecutive count reached `limit`.
-  """
-  if not limit:
-    return
-  counts = [int(m["nonfinite_consecutive"]) for m in metrics]
-  if counts and max(counts) >= limit:
-    raise NonFiniteUpdatesError(
-        f"{max(counts)} consecutive updates were skipped because their gradients were not "
-        f"finite (by step {step}; rl.max_skipped_updates={limit}): the run is training on "
-        f"nothing. Look for non-finite advantages, log-probs or parameters, or lower the "
-        f"learning rate.")
-
 
 def _positions(tokens):
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
@@ -204,85 +81,6 @@ def _apply_updates(state: TrainState, grads, optimizer, loss, metrics):
                  nonfinite_consecutive=opt_state.notfinite_count.astype(jnp.float32),
                  nonfinite_total=opt_state.total_notfinite.astype(jnp.float32))
   return TrainState(params, opt_state, state.step + 1, rng), metrics
-
-
-@dataclasses.dataclass(frozen=True)
-class Shardings:
-  """In/out shardings of the jitted steps (any pytree prefix accepted by `jax.jit`).
-
-  Attributes:
-    state: sharding (prefix) of `TrainState`.
-    batch: sharding (prefix) of the `UpdateBatch` / `SFTBatch`.
-    ref_params: sharding (prefix) of the reference parameters.
-  """
-  state: Any
-  batch: Any
-  ref_params: Any
-
-  @classmethod
-  def replicated(cls, mesh: Optional[jax.sharding.Mesh] = None) -> "Shardings":
-    """Everything replicated over `mesh` (default: a mesh of the first device)."""
-    if mesh is None:
-      mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return cls(state=rep, batch=rep, ref_params=rep)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TreeShardings(Shardings):
-  """`Shardings` holding sharding *trees*, hashable by value.
-
-  The learner caches its jitted steps on the shardings; `nnx.State` and
-  `TrainState` trees are not hashable, so equality and hash here compare the
-  flattened tree structure and its `NamedSharding` leaves.
-  """
-
-  def _key(self):
-    leaves, treedef = jax.tree.flatten((self.state, self.batch, self.ref_params))
-    return str(treedef), tuple(leaves)
-
-  def __hash__(self):
-    return hash(self._key())
-
-  def __eq__(self, other):
-    return isinstance(other, TreeShardings) and self._key() == other._key()
-
-
-def learner_shardings(model_config: transformer.ModelConfig, mesh: jax.sharding.Mesh,
-                      optimizer: Any, rules: Optional[parallel.Rules] = None, *,
-                      with_reference: bool = True
-                      ) -> tuple[placement.ShardedModel, Shardings]:
-  """The learner's jit shardings on `mesh`, from `jax.eval_shape` of its state.
-
-  Args:
-    model_config: the model shape.
-    mesh: from `parallel.make_mesh`.
-    optimizer: the learner's optax transformation (`make_optimizer`); any
-      optimizer with the same state structure shares these shardings.
-    rules: logical axis rules; default `parallel.DEFAULT_RULES`.
-    with_reference: the step takes reference parameters (KL term on); when
-      False the step's `ref_params` argument may be None.
-
-  Returns:
-    `(sharded_model, TreeShardings)` (a hashable `Shardings`): `TrainState`
-    parameters and parameter-shaped optimizer moments sharded by the rules,
-    counters and PRNG key replicated; reference parameters like the
-    parameters (or a replicated prefix that also fits None, without
-    reference); batches `None`: the step takes the batch's own sharding, so
-    place batches with `parallel.put_batch` / `parallel.shard_batch`, which
-    split rows as far as their count allows (one compilation per batch shape).
-
-  Raises:
-    ValueError: `model_config` is not a `ModelConfig`, or bad `rules`.
-  """
-  sm = placement.shard_model(model_config, mesh, rules)
-  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
-  abstract_state = jax.eval_shape(lambda p: init_state(p, optimizer, 0), plain)
-  return sm, TreeShardings(state=placement.tree_shardings_like(abstract_state, sm),
-                           batch=None,
-                           ref_params=(sm.param_shardings if with_reference
-                                       else jax.sharding.NamedSharding(
-                                           mesh, jax.sharding.PartitionSpec())))
 
 
 class CountedJit:
