@@ -41,6 +41,7 @@ from agentic_grpo import exit_codes
 from agentic_grpo import parallel
 from agentic_grpo import run_lock
 from agentic_grpo import train
+from launch import common_flags
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "experiments", "tiny_codegen.py")
@@ -79,9 +80,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", _DEFAULT_CONFIG, "Experiment config file (a `get_config()` module); override its "
     "fields with --config.<section>.<field>=value (--show_config lists every field).",
     lock_config=True)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Output directory; resumed if it holds a checkpoint. Default: a fresh "
-    "directory workdirs/<config>-<time>.")
+_WORKDIR = common_flags.WORKDIR
 _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
 _SHOW_CONFIG = flags.DEFINE_bool(

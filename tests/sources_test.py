@@ -1,4 +1,4 @@
-"""Tests for agentic_grpo.models.sources, hf_export and launch/export.py.
+"""Tests for agentic_grpo.models.sources, hf_export and agentic_grpo.exporting.
 
 Tiny random Qwen3 and Qwen2 checkpoints are written here (random parameters
 through `hf_export`, a BPE tokenizer trained with the `tokenizers` library, a
@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import exporting
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo import train
@@ -33,7 +34,6 @@ from agentic_grpo.models import sampler
 from agentic_grpo.models import sources
 from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
-from launch import export as export_lib
 
 _CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -210,10 +210,10 @@ class EndToEndTest(parameterized.TestCase):
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     tree = {"state": state, "ref": ref} if kl_beta else {"state": state}
     ckpt.save(1, tree, {}, {"phase": "rl", "step": 1, "counters": {}})
-    _, _, step, restored = export_lib.restore_params(workdir, 1)
+    _, _, step, restored = exporting.restore_params(workdir, 1)
     self.assertEqual(step, 1)
     _leaves_equal(restored, state.params)
-    out_dir = export_lib.export_run(workdir, os.path.join(root, "exported"), 1)
+    out_dir = exporting.export_run(workdir, os.path.join(root, "exported"), 1)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json"):
       self.assertTrue(os.path.isfile(os.path.join(out_dir, name)), name)
@@ -221,7 +221,7 @@ class EndToEndTest(parameterized.TestCase):
     self.assertEqual(config2, model_config)
     _leaves_equal(params2, state.params)
     with self.assertRaisesRegex(ValueError, "exists and is not empty"):
-      export_lib.export_run(workdir, out_dir, 1)
+      exporting.export_run(workdir, out_dir, 1)
 
 
 class RoundTripTest(parameterized.TestCase):

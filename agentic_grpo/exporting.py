@@ -1,0 +1,72 @@
+"""A trained run's policy as a Hugging Face checkpoint directory.
+
+`restore_params(workdir, step)` reads a run's `config.json` and its Orbax checkpoint `step` (the
+newest intact one with -1) into the learner's shardings; `export_run(workdir, out_dir, step)`
+writes them as `models.hf_export.export_hf` does: safetensors in the parameters' dtype,
+`config.json`, and, for a run started from a Hugging Face checkpoint (`config.model.source='hf'`),
+its tokenizer files and `generation_config.json`; a preset run (byte tokenizer) gets a
+`generation_config.json` with the byte tokenizer's eos id and no tokenizer files. Command line:
+`python -m launch.export`.
+"""
+
+import json
+import os
+
+import jax
+
+from agentic_grpo import checkpointing
+from agentic_grpo import config as config_lib
+from agentic_grpo import learner
+from agentic_grpo import parallel
+from agentic_grpo.models import hf_export
+from agentic_grpo.models import sources
+
+
+def restore_params(workdir: str, step: int = -1):
+  """`(cfg, source, step, params)` of a run's checkpoint, parameters in their shardings.
+
+  Args:
+    workdir: the run's directory (its `config.json` and `checkpoints/`).
+    step: the checkpoint step, or -1 for the newest intact one.
+
+  Raises:
+    ValueError: no config.json in `workdir`, or an invalid one.
+    FileNotFoundError: no checkpoint.
+    checkpointing.CheckpointIntegrityError: a damaged checkpoint.
+  """
+  file = os.path.join(workdir, "config.json")
+  if not os.path.isfile(file):
+    raise ValueError(f"no config.json in workdir {workdir!r}")
+  with open(file, encoding="utf-8") as f:
+    cfg = config_lib.from_config_dict(json.load(f))
+  source = sources.open_model(
+      cfg.model, min_seq_len=cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  chosen = None if step < 0 else step
+  meta = ckpt.read_meta(chosen)
+  with_ref = cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
+  mesh = parallel.make_mesh(cfg)
+  # Every optimizer of a run (warm-start, RL) has this state structure.
+  optimizer = learner.make_optimizer(cfg.optim)
+  sm, sh = learner.learner_shardings(source.model_config, mesh, optimizer, cfg.mesh.rules(),
+                                     with_reference=with_ref)
+  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain),
+                       sh.state)
+  abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
+  restored, _, meta = ckpt.restore(chosen, abstract)
+  return cfg, source, int(meta["step"]), restored["state"].params
+
+
+def export_run(workdir: str, out_dir: str, step: int = -1) -> str:
+  """Writes checkpoint `step` of the run in `workdir` to `out_dir`; returns `out_dir`."""
+  if os.path.isdir(out_dir) and os.listdir(out_dir):
+    raise ValueError(f"--out {out_dir!r} exists and is not empty")
+  _, source, _, params = restore_params(workdir, step)
+  tok = source.tokenizer
+  generation = None
+  if source.local_dir is None:
+    generation = hf_export.generation_config([tok.eos_id], pad_id=tok.pad_id, bos_id=tok.bos_id)
+  return hf_export.export_hf(out_dir, source.model_config, params, source_dir=source.local_dir,
+                             generation=generation)

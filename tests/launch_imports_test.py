@@ -1,0 +1,41 @@
+"""Every `launch/` entry point imports in one process, next to the others.
+
+absl flags live in one global registry: two entry points that define the same flag name at import
+time cannot both be imported by one test process (or one notebook). Library code belongs in the
+package; a `launch/` module holds only its flags and `main`.
+"""
+
+import importlib
+import pathlib
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _entry_points() -> list[pathlib.Path]:
+  """`launch/*.py` files run as programs (`python -m launch.NAME`)."""
+  return sorted(p for p in (_ROOT / "launch").glob("*.py")
+                if 'if __name__ == "__main__":' in p.read_text())
+
+
+class LaunchImportsTest(absltest.TestCase):
+
+  def test_all_entry_points_import_together(self):
+    modules = [f"launch.{p.stem}" for p in _entry_points()]
+    self.assertGreaterEqual(len(modules), 3, modules)
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n  importlib.import_module(m)\n"
+    proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=_ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+
+  def test_entry_points_define_main(self):
+    for p in _entry_points():
+      module = importlib.import_module(f"launch.{p.stem}")
+      self.assertTrue(callable(getattr(module, "main", None)), p.name)
+
+
+if __name__ == "__main__":
+  absltest.main()
