@@ -49,7 +49,7 @@ class RegistryTest(absltest.TestCase):
 class PromptFormatTest(absltest.TestCase):
 
   def test_tags_format(self):
-    self.assertEqual(prompts.PROMPT_FORMATS.names(), ("tags",))
+    self.assertEqual(prompts.PROMPT_FORMATS.names(), ("tags", "chat"))
     fmt = prompts.PROMPT_FORMATS.get("tags")()
     self.assertEqual(fmt.delimiters("code"), ("<code>", "</code>"))
     self.assertEqual(fmt.stop_tokens(["debug", "code", "code"]), ("</code>", "</debug>"))
@@ -72,8 +72,8 @@ class PromptFormatTest(absltest.TestCase):
   def test_workflow_config_validates_prompt_format(self):
     self.assertEqual(workflow.WorkflowConfig().prompt_format, "tags")
     with self.assertRaisesRegex(ValueError, r"config.workflow.prompt_format must be one of "
-                                r"\('tags',\), got 'chat'"):
-      workflow.WorkflowConfig(prompt_format="chat")
+                                r"\('tags', 'chat'\), got 'xml'"):
+      workflow.WorkflowConfig(prompt_format="xml")
 
   def test_workflow_config_validates_stages_against_registry(self):
     with self.assertRaisesRegex(ValueError, r"config.workflow.stages must be distinct stage "

@@ -78,8 +78,8 @@ class FaultyWorkflow(workflow_lib.Workflow):
   Whatever the model writes in the code stage is taken as an endless loop.
   """
 
-  def __init__(self, config, pool):
-    super().__init__(config, pool)
+  def __init__(self, config, pool, **kwargs):
+    super().__init__(config, pool, **kwargs)
     for stage in self.stages:
       if stage.kind == "hypothesis":
         def score(episodes, parsed, pool, guard):

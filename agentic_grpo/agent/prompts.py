@@ -15,15 +15,14 @@ from the sampled text. Formats are registered by name in `PROMPT_FORMATS` (the c
     <code>sorted(x)</code>
     <obs>1/2 ...</obs><debug>keep</debug>   <- observation, then the debug stage's opening
 
-A chat format for pretrained chat models is one more subclass registered here: its
-`environment_turn` writes a user turn and opens the assistant's, its `delimiters` give the
-assistant header and the end-of-turn token.
+`chat` (`agent.chat_format`, for pretrained chat models) writes each stage as a user turn and
+an assistant turn rendered with the tokenizer's chat template.
 """
 
 import abc
 import dataclasses
 import re
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from agentic_grpo import registry
 
@@ -50,6 +49,11 @@ class PromptFormat(abc.ABC):
   """
 
   special_tokens: tuple[str, ...] = ()
+
+  def __init__(self, tokenizer: Any = None):
+    """`tokenizer`: the run's tokenizer (formats that render with it, such as `chat`, need
+    it; `tags` ignores it)."""
+    del tokenizer
 
   @abc.abstractmethod
   def delimiters(self, kind: str) -> tuple[str, str]:

@@ -53,6 +53,7 @@ import numpy as np
 
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import execution
+from agentic_grpo.agent import chat_format  # pylint: disable=unused-import (registers 'chat')
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.tasks import task as task_lib
@@ -69,7 +70,9 @@ class WorkflowConfig:
       `tests`, `debug`); `debug` expands into `max_debug_rounds` stages named `debug_1`,
       `debug_2`, ...
     prompt_format: how episodes are written as text, registered in
-      `prompts.PROMPT_FORMATS` (`tags`: `<hyp>`/`</hyp>`-style special tokens).
+      `prompts.PROMPT_FORMATS` (`tags`: `<hyp>`/`</hyp>`-style special tokens of the byte
+      tokenizer; `chat`: user and assistant turns rendered with a pretrained model's chat
+      template, `agent.chat_format`).
     max_debug_rounds: debug rounds (>= 0; 0 drops the debug stages).
     num_agent_tests: k, the number of new tests the tests stage asks for.
     max_obs_chars: observations are cut to this many characters (whole lines).
@@ -175,23 +178,26 @@ class Workflow:
     error_counts: `Counter` of parser/reward/sandbox exceptions by stage name (and `final`).
   """
 
-  def __init__(self, config: WorkflowConfig = WorkflowConfig(), pool=None):
+  def __init__(self, config: WorkflowConfig = WorkflowConfig(), pool=None, *,
+               tokenizer: Any = None):
     """Builds the prompt format and the stage list.
 
     Args:
       config: workflow options.
       pool: a `sandbox.SandboxPool` (anything with `map(programs) -> list[RunResult]`); may
         be None only for `references.reference_segments`.
+      tokenizer: the run's tokenizer, for prompt formats that render with it (`chat` needs
+        its chat template and end-of-generation ids; `tags` ignores it).
 
     Raises:
-      ValueError: if `config` is not a `WorkflowConfig`, or the prompt format has no
-        delimiters for a configured stage kind.
+      ValueError: if `config` is not a `WorkflowConfig`, the prompt format has no
+        delimiters for a configured stage kind, or it cannot work with `tokenizer`.
     """
     if not isinstance(config, WorkflowConfig):
       raise ValueError(f"config must be a WorkflowConfig, got {type(config).__name__}")
     self.config = config
     self.pool = pool
-    self.prompt_format = prompts.PROMPT_FORMATS.get(config.prompt_format)()
+    self.prompt_format = prompts.PROMPT_FORMATS.get(config.prompt_format)(tokenizer)
     self.stages: tuple[stages_lib.Stage, ...] = tuple(
         stage for kind in config.stages
         for stage in stages_lib.STAGES.get(kind).expand(config, self.prompt_format))

@@ -60,8 +60,9 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   Args:
     cfg: the run config.
     pool: a sandbox pool to use instead of a new `SandboxPool` (tests).
-    workflow_factory: `(WorkflowConfig, pool) -> Workflow` instead of `Workflow` (tests); the
-      config is `cfg.workflow` (with `stage_rewards` and `reward_mode` replaced for evaluation).
+    workflow_factory: `(WorkflowConfig, pool, tokenizer=) -> Workflow` instead of `Workflow`
+      (tests); the config is `cfg.workflow` (with `stage_rewards` and `reward_mode` replaced for
+      evaluation), the tokenizer the model's (the `chat` prompt format renders with it).
 
   Raises:
     ValueError: a model too short for `rl.buckets` (`device.build_model`).
@@ -74,9 +75,13 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   pool = pool if pool is not None else sandbox_pool(cfg)
   counting = streams.CountingPool(pool)
   cls = workflow_factory or workflow_lib.Workflow
-  make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool)
+  make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool,
+                                       tokenizer=model.tokenizer)
   factory = lambda: make(counting)
   probe = factory()
+  if hasattr(probe.prompt_format, "prefix_message"):
+    logging.info("prompt format %r: %s", cfg.workflow.prompt_format,
+                 probe.prompt_format.prefix_message())
   comp = Components(cfg, model.tokenizer, model.model_config, model.graphdef, tasks, eval_tasks,
                     pool, counting, factory, make, probe.num_stages, probe.stage_names,
                     model.mesh, model.sharded_model, model.shardings,

