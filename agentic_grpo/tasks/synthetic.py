@@ -77,6 +77,7 @@ class Primitive:
   fn: Callable[[Any], Any]
 
 
+# Long by design: the table of primitives, one entry per line.
 def _prims() -> tuple[Primitive, ...]:
   """The grammar. Each template and `fn` must agree exactly (checked by the tests)."""
   p = []

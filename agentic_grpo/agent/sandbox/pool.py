@@ -114,6 +114,8 @@ def _equal(value: Any, test) -> bool:
   return literals.values_equal(value, test.expected)
 
 
+# Long by design: one pass over the server's report records, each checked against the nonce and the
+# program's tests in order; splitting it would spread the trust checks over several functions.
 def _assemble(program: Program, limits: Limits, raw: worker_lib.Raw, nonce: bytes,
               wall: float) -> RunResult:
   """Turns the server's raw report into a RunResult (all checks happen here)."""

@@ -242,6 +242,8 @@ _CONTAINERS = {"l": list, "t": tuple, "S": set, "Z": frozenset}
 
 
 # ---------------------------------------------------------------- audit hook
+# Long by design: the hook is one closure over its allow-lists so that untrusted code cannot reach
+# its state; every audited event is handled in one place, read top to bottom.
 def _make_audit_hook(workdir, read_roots, allow_fork, getframe_allowed):
   """Builds the PEP 578 hook that confines the untrusted code.
 
@@ -558,6 +560,8 @@ def _frame_writer(fd):
   return write_frame
 
 
+# Long by design: the child's life in order (limits, privileges, hook, load, serve the check's
+# calls, exit); each step depends on the one before and must not be reordered.
 def _candidate_main(job, workdir, out_w, rep_w, uid, hook_args, calls):
   """Runs the program and its I/O tests, then serves calls; never returns.
 
@@ -929,6 +933,8 @@ def _mount_table():
     return b""
 
 
+# Long by design: one job's lifecycle in the server (fork, watch the wall clock, read the report,
+# kill and reap every process of the job, empty its views) in the order the kernel needs.
 def _run_job(job, root, counter, uid, allow_fork, ns_init, hook_args, views):
   """Forks, supervises and cleans up one job; returns the RESULT frame."""
   import select  # pylint: disable=g-import-not-at-top
@@ -1088,6 +1094,8 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, hook_args, views):
   return header, tail_bytes + bytes(report)
 
 
+# Long by design: one stdin/stdout test's lifecycle (fork, feed stdin, drain stdout under the output
+# cap and the wall clock, classify the exit), in the order the pipes need.
 def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
   """Runs the program once on `data` (bytes on stdin); returns the test's dict.
 
