@@ -27,7 +27,8 @@ from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import correction as correction_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
-from agentic_grpo.tasks import sources
+from agentic_grpo.models import sources as model_sources
+from agentic_grpo.tasks import sources as task_sources
 from agentic_grpo.tasks import synthetic
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
@@ -52,7 +53,8 @@ class ModelSection:
   """Policy model: a `models.transformer` preset (random init) or a Hugging Face checkpoint.
 
   Attributes:
-    source: `preset` (a randomly initialised `preset`, byte tokenizer) or `hf` (the
+    source: model source, registered in `models.sources.MODEL_SOURCES`: `preset` (a randomly
+      initialised `preset`, byte tokenizer) or `hf` (the
       checkpoint at `path`: its weights, tokenizer, chat template and eos ids).
     path: with `source='hf'`: a local directory, a `gs://` directory (copied to local disk
       first) or `hf://org/name[@revision]` (downloaded through huggingface_hub; needs the
@@ -83,7 +85,7 @@ class ModelSection:
   max_seq_len: int = 0
 
   def validate(self, path: str) -> None:
-    _choice(f"{path}.source", self.source, ("preset", "hf"))
+    _choice(f"{path}.source", self.source, model_sources.MODEL_SOURCES.names())
     _choice(f"{path}.param_dtype", self.param_dtype, ("", "float32", "bfloat16", "float16"))
     for f in dataclasses.fields(self):
       if f.type is int:
@@ -152,7 +154,7 @@ class TaskSection:
   on_error: str = "skip"
 
   def validate(self, path: str) -> None:
-    _choice(f"{path}.source", self.source, sources.TASK_SOURCES.names())
+    _choice(f"{path}.source", self.source, task_sources.TASK_SOURCES.names())
     _check(len(self.depths) > 0 and min(self.depths) >= 1, f"{path}.depths",
            "must be non-empty and >= 1", self.depths)
     _check(0.0 <= self.string_prob <= 1.0, f"{path}.string_prob", "must be in [0, 1]",

@@ -1,5 +1,5 @@
 """Tests for agentic_grpo.registry and the registries built on it (stages, prompt formats,
-task sources), and that the config validates against their names."""
+task sources, model sources), and that the config validates against their names."""
 
 from absl.testing import absltest
 
@@ -8,6 +8,7 @@ from agentic_grpo import registry
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import workflow
+from agentic_grpo.models import sources as model_sources
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 
@@ -98,6 +99,16 @@ class TaskSourceTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"config.task.source must be one of "
                                 r"\('synthetic', 'humaneval', 'mbpp', 'jsonl'\), got 'apps'"):
       config_lib.TaskSection(source="apps").validate("task")
+
+  def test_model_sources_and_config(self):
+    self.assertEqual(model_sources.MODEL_SOURCES.names(), ("preset", "hf"))
+    source = model_sources.MODEL_SOURCES.get("preset")(
+        config_lib.ModelSection(), dtype=None, min_seq_len=600, cache_dir=None)
+    self.assertEqual(source.kind, "preset")
+    self.assertEqual(source.model_config.max_seq_len, 600)
+    with self.assertRaisesRegex(ValueError, r"config.model.source must be one of "
+                                r"\('preset', 'hf'\), got 'onnx'"):
+      config_lib.ModelSection(source="onnx").validate("model")
 
 
 if __name__ == "__main__":

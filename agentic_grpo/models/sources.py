@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from flax import nnx
 
+from agentic_grpo import registry
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import placement
 from agentic_grpo.models import tokenizers
@@ -121,6 +122,42 @@ def _copy_remote(path: str, cache_dir: Optional[str]) -> str:
   return local
 
 
+# Model sources by name (`config.model.source`): each is
+# `(section, *, dtype, min_seq_len, cache_dir) -> ModelSource`, checked, no device memory spent.
+MODEL_SOURCES = registry.Registry("model source")
+
+
+@MODEL_SOURCES.register("preset")
+def _open_preset(section: Any, *, dtype: Optional[str], min_seq_len: int,
+                 cache_dir: Optional[str]) -> ModelSource:
+  """A `models.transformer` preset with the byte tokenizer (random init from the run's seed)."""
+  del cache_dir
+  overrides = section.overrides()
+  tok = tokenizers.ByteTokenizer()
+  overrides.setdefault("max_seq_len", max(min_seq_len, 512))
+  if dtype:
+    overrides.update(param_dtype=dtype, dtype=dtype)
+  model_config = transformer.get_model_config(section.preset, vocab_size=tok.vocab_size,
+                                              **overrides)
+  return ModelSource("preset", model_config, transformer.abstract_model(model_config)[0], tok)
+
+
+@MODEL_SOURCES.register("hf")
+def _open_hf(section: Any, *, dtype: Optional[str], min_seq_len: int,
+             cache_dir: Optional[str]) -> ModelSource:
+  """A Hugging Face checkpoint directory (local, `gs://` or `hf://`) with its own tokenizer."""
+  del min_seq_len  # checked by `open_model` for every source
+  overrides = section.overrides()
+  local = resolve_path(section.path, cache_dir=cache_dir)
+  checkpoint = hf_import.open_hf_checkpoint(local, param_dtype=dtype)
+  if "max_seq_len" in overrides:
+    checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
+        checkpoint.config, max_seq_len=overrides["max_seq_len"]))
+  tok = _checkpoint_tokenizer(local, checkpoint.config)
+  return ModelSource("hf", checkpoint.config, transformer.abstract_model(checkpoint.config)[0],
+                     tok, local, checkpoint)
+
+
 def open_model(section: Any, *, min_seq_len: int = 0, cache_dir: Optional[str] = None
                ) -> ModelSource:
   """Resolves and checks the model source of a run; allocates no device memory.
@@ -143,27 +180,8 @@ def open_model(section: Any, *, min_seq_len: int = 0, cache_dir: Optional[str] =
   if section.param_dtype and dtype is None:
     raise ValueError(f"config.model.param_dtype must be one of {sorted(_DTYPES)} or '', got "
                      f"{section.param_dtype!r}")
-  overrides = section.overrides()
-  if section.source == "preset":
-    tok = tokenizers.ByteTokenizer()
-    overrides.setdefault("max_seq_len", max(min_seq_len, 512))
-    if dtype:
-      overrides.update(param_dtype=dtype, dtype=dtype)
-    model_config = transformer.get_model_config(section.preset, vocab_size=tok.vocab_size,
-                                                **overrides)
-    source = ModelSource("preset", model_config, transformer.abstract_model(model_config)[0],
-                         tok)
-  elif section.source == "hf":
-    local = resolve_path(section.path, cache_dir=cache_dir)
-    checkpoint = hf_import.open_hf_checkpoint(local, param_dtype=dtype)
-    if "max_seq_len" in overrides:
-      checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
-          checkpoint.config, max_seq_len=overrides["max_seq_len"]))
-    tok = _checkpoint_tokenizer(local, checkpoint.config)
-    source = ModelSource("hf", checkpoint.config,
-                         transformer.abstract_model(checkpoint.config)[0], tok, local, checkpoint)
-  else:
-    raise ValueError(f"config.model.source must be 'preset' or 'hf', got {section.source!r}")
+  source = MODEL_SOURCES.get(section.source)(
+      section, dtype=dtype, min_seq_len=min_seq_len, cache_dir=cache_dir)
   if source.model_config.max_seq_len < min_seq_len:
     raise ValueError(f"config.model.max_seq_len must be >= rl.buckets[-1] + "
                      f"workflow.max_new_tokens = {min_seq_len}, got "
