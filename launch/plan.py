@@ -72,7 +72,9 @@ class Plan:
     mesh_shape: `(data, fsdp, tensor)`.
     num_params: parameters of the model.
     params, grads, opt_state, kv_cache, activations: bytes per device (the
-      largest over devices where shards differ).
+      largest over devices where shards differ). `grads` are float32; `opt_state`
+      counts AdamW's moments and, for low-precision parameters, the float32
+      master copy (`learner.TrainState.master`).
     rows_per_device: learner rows per device and micro-batch.
     sample_rows_per_device: sampler rows per device.
   """
@@ -147,11 +149,15 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
   params = _tree_bytes(abstract, sm.param_shardings)
   num_params = transformer.param_count(abstract)
-  # The learner accumulates gradients over micro-batches: accumulator plus one micro-batch.
-  grads = params * (2 if micro_batches > 1 else 1)
+  # The learner accumulates float32 gradients over micro-batches: accumulator plus one
+  # micro-batch's.
+  grads = _tree_bytes(jax.eval_shape(learner.to_master, abstract), sm.param_shardings) * (
+      2 if micro_batches > 1 else 1)
   tx = learner.make_optimizer(optim or config_lib.OptimSection())
-  abstract_opt, opt_shardings = placement.optimizer_state_shardings(tx, sm)
-  opt_state = _tree_bytes(abstract_opt, opt_shardings)
+  # AdamW's moments, and the float32 master copy of low-precision parameters.
+  abstract_state = jax.eval_shape(lambda p: learner.init_state(p, tx, 0), abstract)
+  optimizer_side = (abstract_state.opt_state, abstract_state.master)
+  opt_state = _tree_bytes(optimizer_side, placement.tree_shardings_like(optimizer_side, sm))
 
   c = model_config
   cache_sh = placement.kv_cache_shardings(c, mesh, sample_rows, cache_len, rules)

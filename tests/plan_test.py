@@ -57,9 +57,11 @@ class PlanTest(absltest.TestCase):
     # split, so they are replicated over one of fsdp / tensor: a tiny excess.
     excess = p.params * 32 - p.num_params * 2
     self.assertBetween(excess, 1, 1e-3 * p.num_params * 2)
-    self.assertEqual(p.grads, 2 * p.params)  # accumulator + one micro-batch
-    # AdamW moments in the parameter dtype, plus a few scalar counters.
-    self.assertBetween(p.opt_state - 2 * p.params, 0, 1024)
+    # Float32 (twice the bf16 bytes): accumulator + one micro-batch.
+    self.assertEqual(p.grads, 2 * 2 * p.params)
+    # Float32 AdamW moments (2 x 2) and float32 master copy (2) of the bf16 parameters, plus a
+    # few scalar counters.
+    self.assertBetween(p.opt_state - 6 * p.params, 0, 1024)
     # KV cache: 128 rows over fsdp 8, 4 kv heads over tensor 4.
     kv = (128 // 8) * 2048 * c.n_layers * 2 * (c.n_kv_heads // 4) * c.head_dim * 2
     self.assertEqual(p.kv_cache, kv + (128 // 8) * 2048 + 4)  # + valid mask, int32 index

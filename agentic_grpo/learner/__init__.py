@@ -30,6 +30,12 @@ Optimizer: AdamW (Loshchilov & Hutter, 2019) with linear warm-up, global-norm cl
 gradients are not finite. `check_skipped_updates` turns a run of consecutive skips into an error
 (`rl.max_skipped_updates`), so that a run cannot go on training on nothing.
 
+Mixed precision: parameters stored in bfloat16 (`model.param_dtype`) get a float32 master copy
+(`TrainState.master`, sharded like the parameters, saved in checkpoints) and float32 AdamW
+moments; the forward and backward passes run on the low-precision parameters, the float32
+gradients update the master, and the parameters are the master cast back (`state` module). The
+sampler and the KL reference use the low-precision parameters. Float32 parameters: no master.
+
 Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
 (`learner_shardings` builds them on a device mesh, from `jax.eval_shape` of the train state); by
 default everything is replicated on a one-device mesh.
@@ -39,10 +45,13 @@ from agentic_grpo.learner.shardings import learner_shardings
 from agentic_grpo.learner.shardings import Shardings
 from agentic_grpo.learner.shardings import TreeShardings
 from agentic_grpo.learner.state import check_skipped_updates
+from agentic_grpo.learner.state import from_master
 from agentic_grpo.learner.state import init_state
 from agentic_grpo.learner.state import make_optimizer
+from agentic_grpo.learner.state import needs_master
 from agentic_grpo.learner.state import nonfinite_count
 from agentic_grpo.learner.state import NonFiniteUpdatesError
+from agentic_grpo.learner.state import to_master
 from agentic_grpo.learner.state import TrainState
 from agentic_grpo.learner.steps import CountedJit
 from agentic_grpo.learner.steps import make_sft_step

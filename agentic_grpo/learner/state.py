@@ -1,5 +1,13 @@
 """Learner state and the optimizer: `TrainState`, `make_optimizer` (AdamW inside
-`optax.apply_if_finite`), `init_state`, and the guard against a run of skipped updates."""
+`optax.apply_if_finite`), `init_state`, and the guard against a run of skipped updates.
+
+Mixed precision: parameters stored in a low-precision float (`model.param_dtype='bfloat16'`)
+get a float32 master copy (`TrainState.master`), and the optimizer state is built from the
+master, so that the AdamW moments are float32 too. Each update adds to the master, and the
+parameters are the master rounded to their dtype (Micikevicius et al., 2018, "Mixed Precision
+Training"): updates smaller than the parameters' rounding step accumulate in the master instead
+of vanishing. With float32 parameters there is no master (`master is None`).
+"""
 
 import functools
 from typing import Any, Mapping, Optional, Sequence
@@ -20,11 +28,15 @@ class TrainState:
     opt_state: optax state (includes the non-finite counters of `optax.apply_if_finite`).
     step: int32 scalar, updates applied so far (the policy version).
     rng: uint32 `[2]` raw PRNG key, split on every step.
+    master: float32 copy of `params` (same tree, shapes and shardings) that the optimizer
+      updates when some parameter is stored in a lower-precision float; `params` is then
+      `master` cast to each parameter's dtype. None when every parameter is float32.
   """
   params: Any
   opt_state: Any
   step: jax.Array
   rng: jax.Array
+  master: Any = None
 
 
 @functools.lru_cache(maxsize=32)
@@ -63,11 +75,53 @@ def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[fl
   return optax.apply_if_finite(optax.chain(*parts), optim.max_consecutive_nonfinite)
 
 
-def init_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
-  """A fresh `TrainState` at step 0."""
-  return TrainState(params=params, opt_state=optimizer.init(params),
+def needs_master(params) -> bool:
+  """True when some floating-point leaf of `params` is not float32 (e.g. bfloat16)."""
+  return any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float32
+             for x in jax.tree.leaves(params))
+
+
+def to_master(params):
+  """`params` with every floating-point leaf cast to float32 (the master copy's values)."""
+  return jax.tree.map(
+      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def from_master(master, params):
+  """`master` cast leaf by leaf to the dtypes of `params` (same tree structure)."""
+  return jax.tree.map(lambda m, p: m.astype(p.dtype), master, params)
+
+
+def init_state(params, optimizer: optax.GradientTransformation, seed: int, *,
+               master=None) -> TrainState:
+  """A fresh `TrainState` at step 0.
+
+  Args:
+    params: the model parameters (`nnx.State`), any float dtypes.
+    optimizer: from `make_optimizer`; its state is built from the float32 master when there
+      is one (so the moments are float32), else from `params`.
+    seed: seeds the state's PRNG key.
+    master: optional float32 master to carry on (e.g. from the warm-start's state to the RL
+      phase's, without rounding it through the parameters' dtype); default: `params` cast to
+      float32. Used only when `params` needs a master (`needs_master`).
+
+  Raises:
+    ValueError: `master` given whose tree or shapes differ from `params`'.
+  """
+  if needs_master(params):
+    if master is None:
+      master = to_master(params)
+    elif (jax.tree.structure(master) != jax.tree.structure(params)
+          or [m.shape for m in jax.tree.leaves(master)] != [p.shape for p in
+                                                            jax.tree.leaves(params)]):
+      raise ValueError("master must have the tree structure and shapes of params")
+  else:
+    master = None
+  return TrainState(params=params,
+                    opt_state=optimizer.init(params if master is None else master),
                     step=jnp.zeros((), jnp.int32),
-                    rng=jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32))
+                    rng=jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32),
+                    master=master)
 
 
 def nonfinite_count(state: TrainState) -> int:

@@ -17,6 +17,7 @@ from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.learner.shardings import Shardings
+from agentic_grpo.learner import state as state_lib
 from agentic_grpo.learner.state import TrainState
 from agentic_grpo.models import transformer
 
@@ -49,7 +50,8 @@ def _split_micro(batch: Batch, m: int) -> Batch:
 
 def _accumulate(loss_fn: Callable, params, micro: Batch, aggregation: str,
                 max_tokens: Optional[int]):
-  """Gradient of the whole-batch loss from micro-batches (weights `d_b / Σ d_b`)."""
+  """Gradient of the whole-batch loss from micro-batches (weights `d_b / Σ d_b`); float
+  leaves of the gradient are float32."""
   denoms = jax.vmap(lambda mk: losses_lib.aggregate_denominator(mk, aggregation, max_tokens))(
       micro.loss_mask)
   total = jnp.maximum(denoms.sum(), 1.0)
@@ -63,7 +65,8 @@ def _accumulate(loss_fn: Callable, params, micro: Batch, aggregation: str,
     acc_metrics = jax.tree.map(lambda a, x: a + w * x, acc_metrics, metrics)
     return (acc_grads, acc_loss + w * loss, acc_metrics), None
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  # Accumulated in float32 whatever the parameters' dtype (a bf16 sum would lose small terms).
+  zeros = state_lib.to_master(jax.tree.map(jnp.zeros_like, params))
   first = jax.tree.map(lambda v: v[0], micro)
   metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, first)
   zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
@@ -73,14 +76,23 @@ def _accumulate(loss_fn: Callable, params, micro: Batch, aggregation: str,
 
 
 def _apply_updates(state: TrainState, grads, optimizer, loss, metrics):
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  """One optimizer step; with a float32 master (`TrainState.master`), the gradients (taken
+  through the low-precision parameters) are upcast, the master is updated, and the parameters
+  are the new master cast to their dtype."""
+  if state.master is None:
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params, master = optax.apply_updates(state.params, updates), None
+  else:
+    grads = state_lib.to_master(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.master)
+    master = optax.apply_updates(state.master, updates)
+    params = state_lib.from_master(master, state.params)
   rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
   metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
                  update_skipped=(~opt_state.last_finite).astype(jnp.float32),
                  nonfinite_consecutive=opt_state.notfinite_count.astype(jnp.float32),
                  nonfinite_total=opt_state.total_notfinite.astype(jnp.float32))
-  return TrainState(params, opt_state, state.step + 1, rng), metrics
+  return TrainState(params, opt_state, state.step + 1, rng, master), metrics
 
 
 class CountedJit:

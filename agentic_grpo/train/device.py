@@ -204,13 +204,15 @@ class DeviceSide:
         "state": self._state}
 
   def start_rl(self) -> None:
-    """Hands the warm-start's parameters to a fresh RL state (and the frozen reference)."""
+    """Hands the warm-start's parameters (and float32 master, if any) to a fresh RL state, and
+    the parameters to the frozen reference."""
     params = self._state.params
     sh = self._comp.shardings
     if self._use_kl:
       self._ref = jax.device_put(jax.tree.map(jnp.copy, params), sh.ref_params)
-    self._state = jax.device_put(learner.init_state(params, self._rl_opt, self._cfg.seed + 1),
-                                 sh.state)
+    self._state = jax.device_put(
+        learner.init_state(params, self._rl_opt, self._cfg.seed + 1, master=self._state.master),
+        sh.state)
 
   def _put(self, batch):
     return parallel.shard_batch(batch.check(), self._comp.mesh, self._cfg.mesh.rules())
