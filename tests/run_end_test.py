@@ -4,7 +4,11 @@ Runs launch/train.py as a subprocess with a micro config. SIGTERM mid-RL: the ru
 step, writes a checkpoint and exits with `exit_codes.PREEMPTED`, its last line saying so; a
 restart on the same workdir resumes there, and the concatenated metrics history equals an
 uninterrupted run's (wall-clock columns aside). A run whose RL phase stops for lack of learning
-signal exits with `exit_codes.NO_PROGRESS`, its last line naming the cause.
+signal exits with `exit_codes.NO_PROGRESS`, its last line naming the cause. A resume that changes
+a field the saved state depends on exits with `exit_codes.CONFIG_DRIFT`, naming the field's old
+and new value, and leaves `config.json` as it was. Flipped bytes in the latest checkpoint: the run
+names it, falls back to the previous one and resumes; with every checkpoint damaged it exits with
+`exit_codes.CHECKPOINT_DAMAGED`.
 """
 
 import json
@@ -56,6 +60,18 @@ def _last_line(text: str) -> str:
   return text.strip().splitlines()[-1]
 
 
+def _flip_bytes(workdir: str, step: int) -> str:
+  """Inverts 64 bytes in the middle of checkpoint `step`'s largest state file; returns its path."""
+  files = [p for p in pathlib.Path(workdir, "checkpoints", str(step), "state").rglob("*")
+           if p.is_file()]
+  target = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  mid = len(data) // 2
+  data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+  target.write_bytes(bytes(data))
+  return str(target.relative_to(pathlib.Path(workdir, "checkpoints", str(step))))
+
+
 class RunEndTest(absltest.TestCase):
 
   def _run(self, *args: str) -> subprocess.CompletedProcess:
@@ -95,6 +111,43 @@ class RunEndTest(absltest.TestCase):
     last = _last_line(proc.stderr)
     self.assertIn("the RL phase ended early", last)
     self.assertIn("all advantages 0", last)
+
+  def test_resume_with_a_changed_group_size_is_refused_and_config_json_kept(self):
+    workdir = self.create_tempdir().full_path
+    first = self._run(*_command(workdir, "--config.rl.num_steps=2", "--stop_after=1"))
+    self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+    saved = pathlib.Path(workdir, "config.json").read_bytes()
+    proc = self._run(*_command(workdir, "--config.rl.num_steps=2", "--config.rl.group_size=4"))
+    self.assertEqual(proc.returncode, exit_codes.CONFIG_DRIFT, proc.stderr[-3000:])
+    self.assertIn("rl.group_size: 2 -> 4", proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+    self.assertEqual(pathlib.Path(workdir, "config.json").read_bytes(), saved)
+
+  def test_damaged_latest_checkpoint_falls_back_and_none_intact_stops(self):
+    workdir = self.create_tempdir().full_path
+    steps = ("--config.rl.num_steps=3", "--config.checkpoint.every=1",
+             "--config.checkpoint.max_to_keep=2", "--config.replay.skip_zero_advantage=False")
+    first = self._run(*_command(workdir, *steps, "--stop_after=2"))
+    self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+    damaged = _flip_bytes(workdir, 2)
+    proc = self._run(*_command(workdir, *steps, "--stop_after=3"))
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn(f"damaged checkpoint 2: {damaged}: SHA-256 differs", proc.stderr)
+    self.assertIn("restoring checkpoint 1 of", proc.stderr)
+    self.assertIn("resumed warmstart at global step 1", proc.stderr)
+    self.assertIn("done: global step 3", proc.stdout)
+    self.assertTrue(pathlib.Path(workdir, "checkpoints-damaged", "2").is_dir())
+    kept = sorted(int(p.name) for p in pathlib.Path(workdir, "checkpoints").iterdir()
+                  if p.name.isdigit())
+    self.assertEqual(kept[-1], 3)
+    for step in kept:
+      _flip_bytes(workdir, step)
+    proc = self._run(*_command(workdir, *steps))
+    self.assertEqual(proc.returncode, exit_codes.CHECKPOINT_DAMAGED, proc.stderr[-3000:])
+    self.assertIn("error: no intact checkpoint in", proc.stderr)
+    for step in kept:
+      self.assertIn(f"checkpoint {step}: ", proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
 
 
 if __name__ == "__main__":
