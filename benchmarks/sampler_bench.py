@@ -17,6 +17,7 @@ Usage:
   python -m benchmarks.sampler_bench --batch=16 --prompt_len=64 --new_tokens=128
 """
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -32,32 +33,13 @@ import transformers
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
+from benchmarks import hf_generate_worker
 
 _BATCH = flags.DEFINE_integer("batch", 16, "Rows generated at once (N).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Generated tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per side (median reported).")
 _THREADS = flags.DEFINE_integer("torch_threads", 0, "torch.set_num_threads (0: all cores).")
-
-
-def _hf_model(config: transformer.ModelConfig):
-  """A random HF Llama with the shape of `config` (norms/biases randomised too)."""
-  hf_config = transformers.LlamaConfig(
-      vocab_size=config.vocab_size, hidden_size=config.d_model,
-      intermediate_size=config.mlp_dim, num_hidden_layers=config.n_layers,
-      num_attention_heads=config.n_heads, num_key_value_heads=config.n_kv_heads,
-      head_dim=config.head_dim, rms_norm_eps=config.norm_eps,
-      max_position_embeddings=config.max_seq_len, tie_word_embeddings=config.tie_embeddings,
-      rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-  torch.manual_seed(0)
-  model = transformers.LlamaForCausalLM(hf_config).eval()
-  gen = torch.Generator().manual_seed(0)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else noise / p.shape[-1] ** 0.5)
-  return model
 
 
 def _time(fn, repeats):
@@ -79,7 +61,7 @@ def main(argv):
     torch.set_num_threads(_THREADS.value)
   n, p, t = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value
   config = transformer.get_model_config("tiny")
-  model = _hf_model(config)
+  model = hf_generate_worker.hf_model(dataclasses.asdict(config))
   with tempfile.TemporaryDirectory() as tmp:
     model.save_pretrained(tmp)
     loaded_config, params = hf_import.load_hf_checkpoint(tmp)

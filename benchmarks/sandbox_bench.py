@@ -26,7 +26,8 @@ _LIMIT = flags.DEFINE_integer("limit", 0, "Use only the first N problems (0: all
 _TIMEOUT = flags.DEFINE_float("timeout", 5.0, "Per-program timeout in seconds, for both.")
 
 
-def _ours(problems, workers, timeout):
+def ours(problems, workers, timeout):
+  """Runs `problems` through `SandboxPool(workers)`: start-up and run seconds, passes."""
   programs = [sandbox.Program(p["prompt"] + p["canonical_solution"], p["entry_point"],
                               script_test=p["test"], script_context=p["prompt"])
               for p in problems]
@@ -43,7 +44,8 @@ def _ours(problems, workers, timeout):
           "isolation": info}
 
 
-def _reference(problems, workers, timeout):
+def reference(problems, workers, timeout):
+  """Runs `problems` through `check_correctness` from a `workers`-thread pool."""
   start = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(workers) as executor:
     results = list(executor.map(
@@ -59,14 +61,14 @@ def main(argv):
   if _LIMIT.value:
     problems = problems[:_LIMIT.value]
   n, workers, timeout = len(problems), _WORKERS.value, _TIMEOUT.value
-  ours = _ours(problems, workers, timeout)
-  ref = _reference(problems, workers, timeout)
-  ours_rate = n / ours["run_s"]
-  ours_rate_cold = n / (ours["run_s"] + ours["startup_s"])
+  ours_out = ours(problems, workers, timeout)
+  ref = reference(problems, workers, timeout)
+  ours_rate = n / ours_out["run_s"]
+  ours_rate_cold = n / (ours_out["run_s"] + ours_out["startup_s"])
   ref_rate = n / ref["run_s"]
   print(f"HumanEval canonical solutions: {n}, workers: {workers}")
-  print(f"SandboxPool:       {ours_rate:7.1f} programs/s  ({ours['passed']}/{n} passed; "
-        f"server start-up {ours['startup_s']:.2f} s, {ours_rate_cold:.1f}/s including it)")
+  print(f"SandboxPool:       {ours_rate:7.1f} programs/s  ({ours_out['passed']}/{n} passed; "
+        f"server start-up {ours_out['startup_s']:.2f} s, {ours_rate_cold:.1f}/s including it)")
   print(f"check_correctness: {ref_rate:7.1f} programs/s  ({ref['passed']}/{n} passed)")
   print(f"ratio: {ours_rate / ref_rate:.1f}x ({ours_rate_cold / ref_rate:.1f}x including "
         f"start-up)")
@@ -74,7 +76,7 @@ def main(argv):
                     "ours_per_s_with_startup": round(ours_rate_cold, 1),
                     "reference_per_s": round(ref_rate, 1),
                     "ratio": round(ours_rate / ref_rate, 2),
-                    "isolation": ours["isolation"]}))
+                    "isolation": ours_out["isolation"]}))
 
 
 if __name__ == "__main__":

@@ -110,6 +110,10 @@ class CountedJit:
   def __call__(self, *args):
     return self._jitted(*args)
 
+  def lower(self, *args) -> jax.stages.Lowered:
+    """`jax.jit(...).lower(*args)`: the step for these arguments, e.g. to read XLA's cost."""
+    return self._jitted.lower(*args)
+
 
 def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
                      optimizer: optax.GradientTransformation, *,
