@@ -244,6 +244,14 @@ class CompileTest(absltest.TestCase):
         jax.block_until_ready(out)
       chex.clear_trace_counter()
 
+  def test_decode_segments(self):
+    self.assertEqual(sampler.decode_segments(64, 128), [96, 128, 160, 192])
+    self.assertEqual(sampler.decode_segments(16, 16), [24, 32])
+    self.assertEqual(sampler.decode_segments(8, 5), [13])
+    self.assertEqual(sampler.decode_segments(8, 20), [16, 24, 28])
+    with self.assertRaisesRegex(ValueError, "positive"):
+      sampler.decode_segments(8, 0)
+
   def test_buckets(self):
     self.assertEqual(sampler._bucket(1, sampler.DEFAULT_PROMPT_BUCKETS), 16)
     self.assertEqual(sampler._bucket(17, sampler.DEFAULT_PROMPT_BUCKETS), 32)

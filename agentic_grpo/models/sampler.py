@@ -1,8 +1,9 @@
 """Batched autoregressive sampling with a KV cache, under one `jax.jit`.
 
 `sample` runs a prefill over the right-padded prompts of `N = B·G` rows
-(ragged lengths), then a `lax.while_loop` of single-token decode steps that
-ends when every row has stopped or `max_new_tokens` tokens were generated.
+(ragged lengths), then single-token decode steps (`lax.while_loop`s, one per
+cache-length segment: see `decode_segments`) until every row has stopped or
+`max_new_tokens` tokens were generated.
 Tokens are drawn from `softmax(core.logprobs.transform_logits(logits))`
 (temperature, top-k, top-p) or taken greedily, and the behaviour log-prob of
 each generated token is recorded under the same transform, so that
@@ -206,6 +207,23 @@ def _bucket(length: int, buckets: Sequence[int]) -> int:
   raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
 
 
+def decode_segments(prompt_width: int, max_new_tokens: int, segments: int = 4) -> list[int]:
+  """Cache slots of each decode segment: `P + k * C` up to `P + T`, `C` about `T / segments`.
+
+  `C` is rounded up to a multiple of 8, so that short completions get fewer segments (each is
+  compiled separately). The last entry is `P + T`.
+
+  Raises:
+    ValueError: a non-positive width, token count or segment count.
+  """
+  if prompt_width < 1 or max_new_tokens < 1 or segments < 1:
+    raise ValueError(f"prompt_width, max_new_tokens and segments must be positive, got "
+                     f"{prompt_width}, {max_new_tokens}, {segments}")
+  chunk = _round_up(-(-max_new_tokens // segments), 8)
+  return [prompt_width + min(max_new_tokens, k * chunk)
+          for k in range(1, -(-max_new_tokens // chunk) + 1)]
+
+
 def _round_up(x: int, m: int) -> int:
   return max(m, -(-x // m) * m)
 
@@ -281,12 +299,12 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
     return jax.lax.with_sharding_constraint(cache, cache_shardings(n, cache.valid.shape[1]))
 
   seq_len = stop_seqs.shape[-1]
-  # Prefill attends over the P prompt slots only; decoding uses P + T slots.
+  # Prefill attends over the P prompt slots only; decoding grows the cache segment by segment.
   cache = place(transformer.init_cache(config, n, p))
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
   prompt_mask = positions < prompt_lengths[:, None]
   logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask)
-  cache = place(transformer.extend_cache(place(cache), t_max))
+  cache = place(cache)
   last = logits[jnp.arange(n), prompt_lengths - 1]
   row_keys = jax.random.split(rng, n)
   seq_real = stop_seqs >= 0
@@ -324,10 +342,6 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   )
   tok, state = step(0, last, state)
 
-  def cond(carry):
-    i, _, _, state = carry
-    return (i < t_max) & ~jnp.all(state[3])
-
   def body(carry):
     i, prev, cache, state = carry
     pos = (prompt_lengths + i - 1)[:, None]
@@ -336,7 +350,24 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
     tok, state = step(i, logits[:, 0], state)
     return i + 1, tok, cache, state
 
-  _, _, _, state = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, state))
+  # Step i (1 <= i < T) writes slot P + i - 1 and attends over the cache's slots. Decoding runs in
+  # segments whose cache holds only the slots filled by the segment's end, so that a step reads
+  # about the filled part of the cache rather than all P + T slots (the slots past a row's last
+  # token are masked: the results are those of one full-length cache, up to float rounding of
+  # the shorter softmax sums). Each segment is a `while_loop`; all stop when every row is done.
+  carry = (jnp.int32(1), tok, cache, state)
+  filled = p
+  for limit in decode_segments(p, t_max):
+    i, tok, cache, state = carry
+    cache = place(transformer.extend_cache(cache, limit - filled))
+    filled = limit
+
+    def cond(carry, last_step=limit - p):
+      i, _, _, state = carry
+      return (i < t_max) & (i <= last_step) & ~jnp.all(state[3])
+
+    carry = jax.lax.while_loop(cond, body, (i, tok, cache, state))
+  state = carry[3]
   out_tokens, out_lp, _, _, lengths, finish = state
   return SampleOutput(tokens=out_tokens, lengths=lengths, finish_reason=finish, logprobs=out_lp)
 
