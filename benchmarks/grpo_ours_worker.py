@@ -22,14 +22,18 @@ import time
 
 import jax
 
-_EOS, _VOCAB = 257, 269
+_EOS = 257
 
 
 def main():
   parser = argparse.ArgumentParser()
-  for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "mlp", "group", "prompts",
-               "prompt_len", "new_tokens", "iterations", "warmup", "devices"):
+  for name in ("group", "prompts", "prompt_len", "new_tokens", "iterations", "warmup",
+               "devices"):
     parser.add_argument(f"--{name}", type=int, required=True)
+  for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "mlp"):
+    parser.add_argument(f"--{name}", type=int, default=0)
+  parser.add_argument("--preset", default="",
+                      help="A model preset (e.g. qwen2_0_5b, bfloat16) instead of the shape flags.")
   a = parser.parse_args()
   jax.config.update("jax_num_cpu_devices", a.devices)
   # Imported after the device count is set.
@@ -44,10 +48,14 @@ def main():
   from agentic_grpo.models import sampler  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import transformer  # pylint: disable=g-import-not-at-top
 
-  model_config = transformer.get_model_config(
-      "tiny", d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
-      head_dim=a.head_dim, mlp_dim=a.mlp, qk_norm=True,
-      max_seq_len=max(512, a.prompt_len + a.new_tokens))
+  if a.preset:
+    model_config = transformer.get_model_config(a.preset)
+  else:
+    model_config = transformer.get_model_config(
+        "tiny", d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
+        head_dim=a.head_dim, mlp_dim=a.mlp, qk_norm=True,
+        max_seq_len=max(512, a.prompt_len + a.new_tokens))
+  vocab = model_config.vocab_size
   n = a.prompts * a.group
   cfg = config_lib.TrainConfig()
   cfg = dataclasses.replace(
@@ -70,7 +78,7 @@ def main():
   stamps = []
   start = time.perf_counter()
   for it in range(a.warmup + a.iterations + 1):
-    prompts = rng.integers(97, 123, (a.prompts, p)).astype(np.int32)
+    prompts = rng.integers(97, 123, (a.prompts, p)).astype(np.int32) % vocab
     rows = np.repeat(prompts, a.group, axis=0)
     out = sampler.sample(graphdef, state.params, rows, lengths, jax.random.key(it),
                          max_new_tokens=t, stop_token_ids=[_EOS], prompt_buckets=(p,),

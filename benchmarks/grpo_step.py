@@ -32,6 +32,8 @@ SHAPES = {
     "large": dict(layers=4, d_model=256, heads=8, kv_heads=4, head_dim=32, mlp=1024, group=8,
                   prompts=8, prompt_len=32, new_tokens=64),
 }
+# Timed iterations per process: the large shape takes seconds per iteration on 2 CPU cores.
+ITERATIONS = {"small": 8, "large": 3}
 
 
 def _worker(side: str, shape: dict, iterations: int, warmup: int, devices: int,
@@ -53,7 +55,7 @@ def _worker(side: str, shape: dict, iterations: int, warmup: int, devices: int,
   return json.loads(lines[-1])
 
 
-def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations: int = 8,
+def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations=None,
         warmup: int = 2, devices: int = 1) -> dict:
   """Measures, prints the table, appends the results line; returns it.
 
@@ -61,14 +63,14 @@ def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations: int = 
     quick: the small shape only, one round of 3 iterations.
     shapes: names in `SHAPES` (default both).
     rounds: interleaved rounds (fresh processes of each side per round).
-    iterations: timed iterations per process after `warmup`.
+    iterations: timed iterations per process after `warmup` (default `ITERATIONS[shape]`).
     warmup: iterations left out of the steady-state time (compilation).
     devices: simulated CPU devices of the mesh, both sides.
   """
   load_before = report.load_average()
   shapes = list(shapes or (["small"] if quick else list(SHAPES)))
   if quick:
-    rounds, iterations = 1, 3
+    rounds, iterations = 1, 2
   pythons = {"ours": sys.executable, "tunix": venvs.python_for("tunix")}
   rows, summary, versions = [], {}, {}
   for name in shapes:
@@ -77,7 +79,8 @@ def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations: int = 
     for r in range(rounds):
       order = ("ours", "tunix") if r % 2 == 0 else ("tunix", "ours")
       for side in order:
-        out = _worker(side, SHAPES[name], iterations, warmup, devices, pythons[side])
+        out = _worker(side, SHAPES[name], iterations or ITERATIONS[name], warmup, devices,
+                      pythons[side])
         per_side[side].append(statistics.median(out["times"]))
         compile_s[side].append(out["compile_s"])
         versions.update(out.get("versions", {}))
@@ -95,7 +98,7 @@ def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations: int = 
   return report.record(
       "grpo_step",
       settings={"shapes": {n: SHAPES[n] for n in shapes}, "rounds": rounds,
-                "iterations": iterations, "warmup": warmup, "devices": devices,
+                "iterations": iterations or {n: ITERATIONS[n] for n in shapes}, "warmup": warmup, "devices": devices,
                 "quick": quick},
       header=["shape", "side", "it/s (median)", "it/s per round", "warm-up s (median)",
               "ours / Tunix (median of rounds)"],

@@ -106,8 +106,11 @@ class UpdateTimer:
     self.times.append(time.perf_counter() - start)
 
 
+_DTYPES = (("float32", jnp.float32), ("bfloat16", jnp.bfloat16))
+
+
 def run(quick: bool = False, *, preset: str = "", peaks: dict | None = None,
-        rows: int = 64, length: int = 256) -> dict:
+        rows: int = 64, length: int = 256, dtypes=_DTYPES, matmul_size: int = 2048) -> dict:
   """Measures, prints the table, appends the results line; returns it.
 
   Args:
@@ -116,22 +119,24 @@ def run(quick: bool = False, *, preset: str = "", peaks: dict | None = None,
     peaks: `{"float32": FLOP/s, "bfloat16": FLOP/s}` published peaks to compare with instead of
       the measured matmul peaks.
     rows, length: the update batch.
+    dtypes: `(name, compute dtype)` pairs to run; the name keys `peaks`.
+    matmul_size: side of the square matmul that measures the peak.
   """
   load_before = report.load_average()
   if quick:
     rows = min(rows, 16)
   repeats = 3 if quick else 5
-  size = 1024 if quick else 2048
-  timers = {name: UpdateTimer(model_config(dt, preset), rows, length)
-            for name, dt in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16))}
-  measured = {"float32": [], "bfloat16": []}
+  size = min(1024, matmul_size) if quick else matmul_size
+  timers = {name: UpdateTimer(model_config(dt, preset), rows, length) for name, dt in dtypes}
+  measured = {name: [] for name, _ in dtypes}
   for _ in range(repeats):  # interleaved: peak, update, peak, update...
-    for name, dt in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+    for name, dt in dtypes:
       measured[name].append(matmul_peak(dt, size, 3))
       timers[name].once()
   rows_out, summary = [], {}
-  for name, timer in timers.items():
-    c = model_config(jnp.float32 if name == "float32" else jnp.bfloat16, preset)
+  for name, dt in dtypes:
+    timer = timers[name]
+    c = model_config(dt, preset)
     flops = model_flops(c, rows, length)
     step_s = statistics.median(timer.times)
     peak = (peaks or {}).get(name) or statistics.median(measured[name])
