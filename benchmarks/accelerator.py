@@ -35,6 +35,9 @@ _PRESET = flags.DEFINE_string("preset", "qwen2_0_5b",
                               "Model shape (Qwen2.5-0.5B has the shape of `qwen2_0_5b`).")
 _ONLY = flags.DEFINE_list("only", ["update_flops", "sampler", "grpo_step"], "Parts to run.")
 _PART_TIMEOUT = flags.DEFINE_integer("part_timeout", 150, "Seconds allowed for grpo_step.")
+_MATMUL = flags.DEFINE_integer("matmul_size", 8192,
+                               "Side of the matmul measuring the peak (where none is published).")
+_UPDATE_ROWS = flags.DEFINE_integer("update_rows", 16, "Rows of 512 tokens per update.")
 
 # Dense bf16 peak FLOP/s by `device_kind` prefix (vendor data sheets, without sparsity).
 PUBLISHED_PEAKS = {
@@ -114,8 +117,9 @@ def main(argv):
   peak = published_peak(device.device_kind)
   parts = {
       "update_flops": lambda: update_flops.run(
-          preset=_PRESET.value, peaks={"bfloat16": peak} if peak else None, rows=16,
-          length=512, dtypes=(("bfloat16", jnp.bfloat16),), matmul_size=8192),
+          preset=_PRESET.value, peaks={"bfloat16": peak} if peak else None,
+          rows=_UPDATE_ROWS.value, length=512, dtypes=(("bfloat16", jnp.bfloat16),),
+          matmul_size=_MATMUL.value),
       "sampler": lambda: _sampler(_PRESET.value),
       "grpo_step": lambda: _grpo_step(_PRESET.value, _PART_TIMEOUT.value),
   }

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 from typing import Any, Mapping, Sequence
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results.jsonl"
@@ -39,9 +40,11 @@ def _versions(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
-  """CPU model, core count, platform, and the JAX backend's devices (without starting one twice)."""
+  """CPU model, core count, platform, and the JAX backend's devices where JAX is in use."""
   info = {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
           "python": platform.python_version()}
+  if "jax" not in sys.modules:  # a benchmark without JAX (the sandbox forks: keep it threadless)
+    return info
   try:
     import jax  # pylint: disable=g-import-not-at-top
     devices = jax.devices()

@@ -41,6 +41,11 @@ def _sandbox(quick):
   return sandbox.run(quick)
 
 
+def _stdio(quick):
+  from benchmarks import stdio  # pylint: disable=g-import-not-at-top
+  return stdio.run(quick)
+
+
 def _grpo_step(quick):
   from benchmarks import grpo_step  # pylint: disable=g-import-not-at-top
   return grpo_step.run(quick)
@@ -50,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "update_flops": _update_flops,
     "sampler": _sampler,
     "sandbox": _sandbox,
+    "stdio": _stdio,
     "grpo_step": _grpo_step,
 }
 

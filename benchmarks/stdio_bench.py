@@ -28,9 +28,6 @@ from absl import flags
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent.sandbox import stdio
 
-_WORKERS = flags.DEFINE_integer("workers", 2, "Programs judged at once, for both.")
-_TESTS = flags.DEFINE_integer("tests", 10, "Tests per problem.")
-_COPIES = flags.DEFINE_integer("copies", 4, "Copies of each solved problem.")
 
 _SOLVED = {
     "sum": ("n = int(input())\nprint(sum(map(int, input().split())))",
@@ -52,7 +49,8 @@ _ADVERSARIAL = {
 }
 
 
-def _problems(tests, copies):
+def problems(tests, copies):
+  """`copies` of each solved problem with `tests` tests each (`StdioProgram`s)."""
   rng = random.Random(0)
   out = []
   for _ in range(copies):
@@ -90,7 +88,8 @@ def _reference_one(program):
   return verdicts
 
 
-def _ours(programs, workers):
+def ours(programs, workers):
+  """Judges `programs` with `SandboxPool(workers)`: (verdicts, start-up s, run s)."""
   start = time.perf_counter()
   with sandbox.SandboxPool(workers) as pool:
     pool.start()
@@ -100,7 +99,8 @@ def _ours(programs, workers):
   return [[str(v) for v in r.verdicts] for r in results], started - start, done - started
 
 
-def _reference(programs, workers):
+def reference(programs, workers):
+  """Judges `programs` with `subprocess.run` from a thread pool: (verdicts, run s)."""
   start = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(workers) as executor:
     verdicts = list(executor.map(_reference_one, programs))
@@ -110,11 +110,11 @@ def _reference(programs, workers):
 def main(argv):
   del argv
   workers = _WORKERS.value
-  solved = _problems(_TESTS.value, _COPIES.value)
+  solved = problems(_TESTS.value, _COPIES.value)
   n_tests = sum(len(p.tests) for p in solved)
-  ours, startup, ours_s = _ours(solved, workers)
-  ref, ref_s = _reference(solved, workers)
-  ours_ok = sum(v == "passed" for vs in ours for v in vs)
+  ours_v, startup, ours_s = ours(solved, workers)
+  ref, ref_s = reference(solved, workers)
+  ours_ok = sum(v == "passed" for vs in ours_v for v in vs)
   ref_ok = sum(v == "passed" for vs in ref for v in vs)
   print(f"solved problems: {len(solved)}, tests: {n_tests}, workers: {workers}")
   print(f"sandbox judge:   {n_tests / ours_s:7.1f} tests/s ({ours_ok}/{n_tests} passed; "
@@ -123,8 +123,8 @@ def main(argv):
   print(f"ratio: {ref_s / ours_s:.2f}x")
   adversarial = [stdio.StdioProgram(s, [stdio.StdioTest("1 2\n", "3")], time_seconds=1.0)
                  for s in _ADVERSARIAL.values()]
-  ours_adv, _, _ = _ours(adversarial, workers)
-  ref_adv, _ = _reference(adversarial, workers)
+  ours_adv, _, _ = ours(adversarial, workers)
+  ref_adv, _ = reference(adversarial, workers)
   print(f"{'program':15s} {'sandbox judge':15s} subprocess.run")
   for name, a, b in zip(_ADVERSARIAL, ours_adv, ref_adv):
     print(f"{name:15s} {a[0]:15s} {b[0]}")
@@ -137,4 +137,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: the suite (benchmarks.run) imports this module next to
+  # others that define the same flag names.
+  _WORKERS = flags.DEFINE_integer("workers", 2, "Programs judged at once, for both.")
+  _TESTS = flags.DEFINE_integer("tests", 10, "Tests per problem.")
+  _COPIES = flags.DEFINE_integer("copies", 4, "Copies of each solved problem.")
   app.run(main)
