@@ -244,6 +244,16 @@ class CompileTest(absltest.TestCase):
         jax.block_until_ready(out)
       chex.clear_trace_counter()
 
+  def test_no_device_to_host_transfer(self):
+    prompts, lengths = _prompts()
+    out = _sample(prompts, lengths, stop_token_ids=[1], max_new_tokens=20)  # compiled
+    jax.block_until_ready(out)
+    # The whole call (prefill, every decode segment, stop checks) stays on the device.
+    with jax.transfer_guard_device_to_host("disallow"):
+      again = _sample(prompts, lengths, stop_token_ids=[1], max_new_tokens=20)
+      jax.block_until_ready(again)
+    np.testing.assert_array_equal(again.tokens, out.tokens)
+
   def test_decode_segments(self):
     self.assertEqual(sampler.decode_segments(64, 128), [96, 128, 160, 192])
     self.assertEqual(sampler.decode_segments(16, 16), [24, 32])
