@@ -75,7 +75,7 @@ def main():
   rng = np.random.default_rng(0)
   p, t = a.prompt_len, a.new_tokens
   lengths = np.full((n,), p, np.int32)
-  stamps = []
+  stamps, cpu_stamps = [], []
   start = time.perf_counter()
   for it in range(a.warmup + a.iterations + 1):
     prompts = rng.integers(97, 123, (a.prompts, p)).astype(np.int32) % vocab
@@ -88,6 +88,7 @@ def main():
     # The reward function reads the completions on the host, as Tunix's does.
     completions = np.asarray(out.tokens)
     stamps.append(time.perf_counter())
+    cpu_stamps.append(time.process_time())
     del completions
     rewards = rng.random((a.prompts, a.group)).astype(np.float32)
     adv = group_adv(jnp.asarray(rewards)).reshape(n)
@@ -101,7 +102,9 @@ def main():
   jax.block_until_ready(metrics)
   total = time.perf_counter() - start
   gaps = np.diff(np.asarray(stamps)).tolist()
-  print(json.dumps({"times": gaps[a.warmup - 1:], "compile_s": stamps[a.warmup - 1] - start,
+  cpu = np.diff(np.asarray(cpu_stamps)).tolist()
+  print(json.dumps({"times": gaps[a.warmup - 1:], "cpu_times": cpu[a.warmup - 1:],
+                    "compile_s": stamps[a.warmup - 1] - start,
                     "total_s": total, "iterations_seen": len(stamps), "versions": {}}))
 
 

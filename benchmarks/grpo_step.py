@@ -2,7 +2,8 @@ r"""Steady-state GRPO iterations per second: ours against Tunix's `GRPOLearner`.
 
 One iteration is rollout + reference log-probs + advantages + update, on the same model shape,
 group, batch, prompt and completion lengths, and mesh, for both (see `grpo_ours_worker.py` and
-`grpo_tunix_worker.py`). Each measurement is a fresh process; rounds alternate which side goes
+`grpo_tunix_worker.py`). Wall time and the process's CPU time (all threads) per iteration are
+both reported: on a shared machine the CPU-time ratio is the steadier one. Each measurement is a fresh process; rounds alternate which side goes
 first, so that both see the same share of whatever else the machine runs. Per process, the first
 `warmup` iterations (compilation) are reported apart, and the median of the following iteration
 times is its steady-state time. The headline is the median over rounds of the per-round ratio.
@@ -75,6 +76,7 @@ def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations=None,
   rows, summary, versions = [], {}, {}
   for name in shapes:
     per_side = {"ours": [], "tunix": []}
+    cpu_side = {"ours": [], "tunix": []}
     compile_s = {"ours": [], "tunix": []}
     for r in range(rounds):
       order = ("ours", "tunix") if r % 2 == 0 else ("tunix", "ours")
@@ -82,24 +84,30 @@ def run(quick: bool = False, *, shapes=None, rounds: int = 3, iterations=None,
         out = _worker(side, SHAPES[name], iterations or ITERATIONS[name], warmup, devices,
                       pythons[side])
         per_side[side].append(statistics.median(out["times"]))
+        cpu_side[side].append(statistics.median(out["cpu_times"]))
         compile_s[side].append(out["compile_s"])
         versions.update(out.get("versions", {}))
-        print(f"  {name} round {r} {side}: {1 / per_side[side][-1]:.2f} it/s "
-              f"(warm-up {out['compile_s']:.1f} s)", flush=True)
+        print(f"  {name} round {r} {side}: {1 / per_side[side][-1]:.2f} it/s, "
+              f"{cpu_side[side][-1]:.3f} CPU-s/it (warm-up {out['compile_s']:.1f} s)", flush=True)
     ratios = [t / o for o, t in zip(per_side["ours"], per_side["tunix"])]
     ratio = statistics.median(ratios)
+    cpu_ratios = [t / o for o, t in zip(cpu_side["ours"], cpu_side["tunix"])]
     for side in ("ours", "tunix"):
       rows.append([name, side, f"{1 / statistics.median(per_side[side]):.2f}",
                    " ".join(f"{1 / x:.2f}" for x in per_side[side]),
+                   f"{statistics.median(cpu_side[side]):.3f}",
                    f"{statistics.median(compile_s[side]):.1f}",
-                   f"{ratio:.2f}x" if side == "ours" else ""])
+                   f"{ratio:.2f}x (CPU {statistics.median(cpu_ratios):.2f}x)"
+                   if side == "ours" else ""])
     summary[f"ratio_{name}"] = round(ratio, 3)
     summary[f"ratios_{name}"] = [round(x, 3) for x in ratios]
+    summary[f"cpu_ratio_{name}"] = round(statistics.median(cpu_ratios), 3)
+    summary[f"cpu_ratios_{name}"] = [round(x, 3) for x in cpu_ratios]
   return report.record(
       "grpo_step",
       settings={"shapes": {n: SHAPES[n] for n in shapes}, "rounds": rounds,
                 "iterations": iterations or {n: ITERATIONS[n] for n in shapes}, "warmup": warmup, "devices": devices,
                 "quick": quick},
-      header=["shape", "side", "it/s (median)", "it/s per round", "warm-up s (median)",
-              "ours / Tunix (median of rounds)"],
+      header=["shape", "side", "it/s (median)", "it/s per round", "CPU-s/it (median)",
+              "warm-up s (median)", "ours / Tunix (median of rounds)"],
       rows=rows, summary=summary, load_before=load_before, versions=versions)

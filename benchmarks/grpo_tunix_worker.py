@@ -80,12 +80,13 @@ def main():
             top_k=None))
     cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=ByteTokenizer(),
                                        cluster_config=cluster_config)
-    stamps = []
+    stamps, cpu_stamps = [], []
     rng = np.random.default_rng(0)
 
     def reward(prompts, completions, **kwargs):
       del kwargs
       stamps.append(time.perf_counter())
+      cpu_stamps.append(time.process_time())
       del prompts
       return list(rng.random(len(completions)))
 
@@ -102,8 +103,9 @@ def main():
     learner.train(data)
     total = time.perf_counter() - start
   gaps = np.diff(np.asarray(stamps)).tolist()
+  cpu = np.diff(np.asarray(cpu_stamps)).tolist()
   print(json.dumps({
-      "times": gaps[a.warmup - 1:], "compile_s": stamps[a.warmup - 1] - start if stamps else None,
+      "times": gaps[a.warmup - 1:], "cpu_times": cpu[a.warmup - 1:], "compile_s": stamps[a.warmup - 1] - start if stamps else None,
       "total_s": total, "iterations_seen": len(stamps),
       "versions": {"google-tunix": importlib.metadata.version("google-tunix")}}))
 
