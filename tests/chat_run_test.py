@@ -16,13 +16,17 @@ import os
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
+import jax
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import exporting
 from agentic_grpo import replay as replay_lib
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.models import hf_export
+from agentic_grpo.models import hf_import
 from agentic_grpo.models import transformer
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import loading
@@ -70,9 +74,13 @@ def _write_checkpoint(path: str, texts: list[str]) -> dict[str, int]:
   return ids
 
 
-class ChatRunTest(absltest.TestCase):
+class ChatRunTest(parameterized.TestCase):
 
-  def test_humaneval_chat_run_is_token_in_token_out_and_resumes(self):
+  @parameterized.named_parameters(
+      ("one_device", {"data": 1}),
+      # A Hugging Face checkpoint loaded into a (2, 2, 2) mesh of 8 devices, trained, exported.
+      ("mesh_2x2x2", {"data": 2, "fsdp": 2, "tensor": 2}))
+  def test_humaneval_chat_run_is_token_in_token_out_and_resumes(self, mesh):
     tmp = self.create_tempdir().full_path
     problems = _problems()
     data = os.path.join(tmp, "humaneval.jsonl")
@@ -92,7 +100,7 @@ class ChatRunTest(absltest.TestCase):
         "eval": {"every": 0, "num_samples": 2, "k": (1, 2)},
         "replay": {"skip_zero_advantage": False},
         "checkpoint": {"every": 1}, "log": {"progress_bar": False},
-        "mesh": {"data": 1}})
+        "mesh": mesh})
     samples, rows = [], []
     make_sample_fn, add_stage = device_lib.make_sample_fn, replay_lib.StagedReplay.add_stage
 
@@ -149,6 +157,14 @@ class ChatRunTest(absltest.TestCase):
     evals = [m for m in metrics if "eval/pass_at_1" in m]
     self.assertNotEmpty(evals)
     self.assertTrue(any("eval/pass_at_2_sampled" in m for m in metrics), sorted(metrics[-1]))
+
+    # The trained run exports as a Hugging Face directory that imports back exactly.
+    _, _, step, params = exporting.restore_params(workdir)
+    self.assertEqual(step, 2)
+    out = exporting.export_run(workdir, os.path.join(tmp, "exported"))
+    reloaded = hf_import.load_hf_checkpoint(out)[1]
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(reloaded), strict=True):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 if __name__ == "__main__":
