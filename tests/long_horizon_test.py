@@ -1,0 +1,154 @@
+"""Tests of the long-horizon task family and its piece-by-piece workflow."""
+
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from agentic_grpo.agent import pieces as pieces_lib
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow
+from agentic_grpo.tasks import long_horizon as lh
+from agentic_grpo.tasks import synthetic
+
+
+class LongHorizonTasksTest(parameterized.TestCase):
+
+  def test_deterministic_and_disjoint_splits(self):
+    a, b = lh.LongHorizonTasks(), lh.LongHorizonTasks()
+    self.assertEqual(a.task("train", 5), b.task("train", 5))
+    train = {t.metadata["program"] + t.metadata["pieces"] for t in a.tasks("train", 0, 200)}
+    test = {t.metadata["program"] + t.metadata["pieces"] for t in a.tasks("test", 0, 50)}
+    self.assertEmpty(train & test)
+
+  @parameterized.parameters(2, 4, 6)
+  def test_pieces_compose_to_the_hidden_outputs(self, k):
+    src = lh.LongHorizonTasks(lh.LongHorizonConfig(num_stages=k))
+    for t in src.tasks("train", 0, 20):
+      ps = lh.pieces(t)
+      self.assertLen(ps, k)
+      for e in t.hidden_tests:
+        x = e.args[0]
+        for p in ps:
+          x = p.primitive.fn(x)
+        self.assertEqual(x, e.expected)
+      for p in ps:
+        for e in p.examples:
+          self.assertEqual(p.primitive.fn(e.args[0]), e.expected)
+      outs = [e.expected for e in t.hidden_tests]
+      self.assertTrue(any(o != outs[0] for o in outs))  # never constant
+
+  def test_measured_ambiguity_of_the_default(self):
+    tasks = list(lh.LongHorizonTasks().tasks("train", 0, 300))
+    m = lh.measure_ambiguity(tasks)
+    self.assertBetween(m["pieces"], 0.08, 0.2)  # 13% measured
+    self.assertBetween(m["tasks"], 0.3, 0.5)  # 40% measured
+    self.assertLen(m["per_stage"], 4)
+
+  def test_ambiguity_witness_passes_examples_and_fails_hidden(self):
+    src = lh.LongHorizonTasks(lh.LongHorizonConfig(piece_examples=1))
+    found = 0
+    for t in src.tasks("train", 0, 40):
+      for k, p in enumerate(lh.pieces(t)):
+        q = lh.piece_ambiguity(t, k)
+        if q is None:
+          continue
+        found += 1
+        self.assertTrue(all(q.fn(e.args[0]) == e.expected for e in p.examples))
+        prims = list(synthetic.parse_program(t.metadata["program"]).prims)
+        prims[k] = q
+        rival = synthetic.Program(prims[0].in_type, tuple(prims))
+        self.assertTrue(any(rival(e.args[0]) != e.expected for e in t.hidden_tests))
+    self.assertGreater(found, 0)
+
+  def test_bad_config_and_arguments(self):
+    with self.assertRaisesRegex(ValueError, "num_stages"):
+      lh.LongHorizonConfig(num_stages=1)
+    with self.assertRaisesRegex(ValueError, "piece_examples"):
+      lh.LongHorizonConfig(piece_examples=0)
+    with self.assertRaisesRegex(ValueError, "split"):
+      lh.LongHorizonTasks().task("dev", 0)
+    syn = synthetic.SyntheticTasks().task("train", 0)
+    with self.assertRaisesRegex(ValueError, "not a long-horizon task"):
+      lh.pieces(syn)
+
+
+class PiecesWorkflowTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits())
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def _wf(self, k=4, **kw):
+    return pieces_lib.PiecesWorkflow(workflow.WorkflowConfig(reward_mode=workflow.ALL_PASS),
+                                     self.pool, num_pieces=k, **kw)
+
+  def test_reference_episodes_earn_every_reward(self):
+    wf = self._wf()
+    tasks = list(lh.LongHorizonTasks().tasks("train", 0, 6))
+    refs = {t.task_id: wf.reference_segments(t) for t in tasks}
+    episodes, results, final = wf.rollout(
+        tasks, lambda name, ctxs: [refs[t.task_id][int(name[1:]) - 1].output for t in tasks])
+    self.assertEqual([r.stage for r in results], ["g1", "g2", "g3", "g4"])
+    for r in results:
+      np.testing.assert_array_equal(r.rewards, 1.0)
+    np.testing.assert_array_equal(final.rewards, 1.0)
+    # The reference episode's text is what the workflow renders.
+    for ep in episodes:
+      self.assertEqual(ep.text, "".join(s.opening + s.output for s in refs[ep.task.task_id]))
+    self.assertTrue(episodes[0].text.startswith(tasks[0].prompt + "\ng1("))
+
+  def test_ambiguous_piece_passes_its_stage_and_fails_the_final(self):
+    src = lh.LongHorizonTasks()
+    task, k, rival = next((t, k, q) for t in src.tasks("train", 0, 100)
+                          for k in range(4) for q in [lh.piece_ambiguity(t, k)] if q)
+    wf = self._wf()
+    ref = wf.reference_outputs(task)
+    wrong = synthetic.Program(rival.in_type, (rival,)).expression("x") + "</code>"
+    outs = ref[:k] + [wrong] + ref[k + 1:]
+    _, results, final = wf.rollout([task], lambda name, ctxs: [outs[int(name[1:]) - 1]])
+    self.assertEqual([float(r.rewards[0]) for r in results], [1.0] * 4)
+    self.assertEqual(float(final.rewards[0]), 0.0)
+
+  def test_unparsed_piece_scores_zero_and_sinks_the_final(self):
+    wf = self._wf(k=2)
+    task = lh.LongHorizonTasks(lh.LongHorizonConfig(num_stages=2)).task("train", 3)
+    ref = wf.reference_outputs(task)
+    _, results, final = wf.rollout([task, task], lambda name, ctxs: (
+        ["((</code>", ref[0]] if name == "g1" else [ref[1], ref[1]]))
+    np.testing.assert_array_equal(results[0].parsed, [False, True])
+    np.testing.assert_array_equal(results[0].rewards, [0.0, 1.0])
+    np.testing.assert_array_equal(final.rewards, [0.0, 1.0])
+
+  def test_final_reward_delay(self):
+    wf = self._wf(k=2, final_reward_delay_s=0.3)
+    task = lh.LongHorizonTasks(lh.LongHorizonConfig(num_stages=2)).task("train", 0)
+    ref = wf.reference_outputs(task)
+    episodes = wf.start([task])
+    for k in range(2):
+      wf.open_stage(episodes)
+      wf.close_stage(episodes, [ref[k]])
+    t0 = time.monotonic()
+    final = wf.finish(episodes)
+    self.assertGreaterEqual(time.monotonic() - t0, 0.3)
+    self.assertEqual(float(final.rewards[0]), 1.0)
+
+  def test_bad_arguments(self):
+    with self.assertRaisesRegex(ValueError, "num_pieces"):
+      pieces_lib.PiecesWorkflow(num_pieces=1)
+    with self.assertRaisesRegex(ValueError, "final_reward_delay_s"):
+      pieces_lib.PiecesWorkflow(final_reward_delay_s=-1.0)
+    wf = pieces_lib.PiecesWorkflow(num_pieces=6)
+    with self.assertRaisesRegex(ValueError, "has 4 pieces"):
+      wf.reference_segments(lh.LongHorizonTasks().task("train", 0))
+
+
+if __name__ == "__main__":
+  absltest.main()
