@@ -342,6 +342,10 @@ class CorrectionSection:
     baseline: `none` or `previous_stage`.
     max_staleness: policy versions a correction may lag its provisional update.
     staleness_mode: beyond max_staleness: `drop` or `linear` down-weighting.
+    stage_credit: when stage advantages reach the learner: `immediate` (as soon as a group
+      completes the stage: Agentic GRPO) or `post_hoc` (held until the group's final rewards:
+      dense stage credit without immediacy, arm 2 of DESIGN.md §7). Needs stage rewards to
+      matter.
   """
   enabled: bool = True
   target: str = "outcome"
@@ -351,6 +355,7 @@ class CorrectionSection:
   baseline: str = "none"
   max_staleness: int = 8
   staleness_mode: str = "drop"
+  stage_credit: str = "immediate"
 
   def validate(self, path: str) -> None:
     _choice(f"{path}.target", self.target, advantages_lib.TARGET_MODES)
@@ -360,6 +365,7 @@ class CorrectionSection:
     _check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
            self.max_staleness)
     _choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
+    _choice(f"{path}.stage_credit", self.stage_credit, replay_lib.STAGE_CREDIT)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ FIXED = frozenset({
     "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef", "loss.dual_clip",
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",
     "correction.scale", "correction.baseline", "correction.max_staleness",
-    "correction.staleness_mode",
+    "correction.staleness_mode", "correction.stage_credit",
     "replay.capacity", "replay.when_full", "replay.skip_zero_advantage",
     "replay.pack_corrections",
     "optim.learning_rate", "optim.warmup_steps", "optim.schedule", "optim.final_lr_fraction",

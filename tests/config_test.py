@@ -59,6 +59,8 @@ class ConfigTest(parameterized.TestCase):
       ("schedule", {"optim": {"schedule": "linear"}}, r"config\.optim\.schedule must be"),
       ("baseline", {"correction": {"baseline": "critic"}},
        r"config\.correction\.baseline must be one of"),
+      ("stage_credit", {"correction": {"stage_credit": "later"}},
+       r"config\.correction\.stage_credit must be one of"),
       ("rules", {"mesh": {"logical_axis_rules": (("embed", "fsdp,model"),)}},
        r"config\.mesh\.logical_axis_rules\[0\] must name mesh axes"),
 

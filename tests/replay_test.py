@@ -219,6 +219,46 @@ class StagedReplayTest(parameterized.TestCase):
     self.assertEqual(replay.counters["sign_reversals"], 2)
     self.assertEqual(replay.counters["corrections"], 0)
 
+  @parameterized.parameters(True, False)
+  def test_post_hoc_stage_credit_holds_provisional_items_until_the_outcome(self, correction):
+    """`post_hoc` readies the same rows as `immediate`, all after `finish` (none before)."""
+    rng_seed = 11
+    stage_r = np.array([[1.0, 0.0, 0.5, 0.0], [0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    final = [1.0, 0.0, 0.0, 1.0]
+    out = {}
+    for credit in ("immediate", "post_hoc"):
+      replay = _make(stage_credit=credit, correction=correction, pack_corrections=False)
+      eps = _Episodes(np.random.default_rng(rng_seed), range(G))
+      replay.add_group(0, range(G))
+      before = []
+      for k in range(S):
+        toks, masks, blps = eps.stage(range(G))
+        replay.add_stage(range(G), k, toks, masks, blps, 0, stage_r[k])
+        before.append(replay.num_ready)
+      made = replay.finish(range(G), final)
+      batch = replay.take(64, 0, BUCKETS)
+      out[credit] = (before, made, sorted(zip(batch.kinds, batch.segments)))
+    self.assertEqual(out["post_hoc"][0], [0, 0, 0])
+    self.assertGreater(out["immediate"][0][-1], 0)
+    immediate_rows = out["immediate"][0][-1] + out["immediate"][1]
+    self.assertEqual(out["post_hoc"][1], immediate_rows)
+    self.assertEqual(len(out["post_hoc"][2]), len(out["immediate"][2]))
+    for (k0, (e0, s0, a0)), (k1, (e1, s1, a1)) in zip(out["immediate"][2], out["post_hoc"][2]):
+      self.assertEqual((k0, e0, s0), (k1, e1, s1))
+      self.assertAlmostEqual(a0, a1, places=5)
+
+  def test_post_hoc_counts_provisional_items_at_release(self):
+    replay = _make(stage_credit="post_hoc", correction=False, num_stages=1)
+    eps = _Episodes(np.random.default_rng(3), range(G))
+    replay.add_group(0, range(G))
+    toks, masks, blps = eps.stage(range(G))
+    replay.add_stage(range(G), 0, toks, masks, blps, 0, [1.0, 0.0, 0.0, 0.0])
+    self.assertEqual(replay.counters["provisional_items"], 0)
+    self.assertEqual(replay.finish(range(G), [0.0, 1.0, 0.0, 0.0]), G)
+    self.assertEqual(replay.counters["provisional_items"], G)
+    self.assertEqual(replay.counters["correction_items"], 0)
+    self.assertEqual(replay.counters["sign_reversals"], 2)
+
   @parameterized.parameters(("drop", 0.0), ("linear", 1.0 / 3.0))
   def test_staleness(self, mode, weight_at_2):
     rng = np.random.default_rng(5)
@@ -330,6 +370,8 @@ class StagedReplayTest(parameterized.TestCase):
       _make(group_size=0)
     with self.assertRaisesRegex(ValueError, "staleness_mode"):
       _make(staleness_mode="sometimes")
+    with self.assertRaisesRegex(ValueError, "stage_credit"):
+      _make(stage_credit="later")
     with self.assertRaisesRegex(ValueError, "episode_ids"):
       replay.add_group(0, [1, 2])
     replay.add_group(0, range(G))

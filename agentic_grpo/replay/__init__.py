@@ -12,10 +12,11 @@ The host-side store between the agent loop and the learner (docs/design.md §1, 
 """
 
 from agentic_grpo.replay.credit import KINDS
+from agentic_grpo.replay.credit import STAGE_CREDIT
 from agentic_grpo.replay.intake import StagedReplay
 from agentic_grpo.replay.intake import WHEN_FULL
 from agentic_grpo.replay.records import Batch
 from agentic_grpo.replay.records import Item
 from agentic_grpo.replay.records import Segment
 
-__all__ = ["Batch", "Item", "KINDS", "Segment", "StagedReplay", "WHEN_FULL"]
+__all__ = ["Batch", "Item", "KINDS", "STAGE_CREDIT", "Segment", "StagedReplay", "WHEN_FULL"]

@@ -6,6 +6,8 @@ Both go through `core` in one call per completed set of groups (never per segmen
   provisional advantages `Â[:, k] = norm_group(r[:, k] - b[:, k])` (`core.advantages.
   provisional_advantages`, which may look back at earlier stages for the baseline), one
   *provisional* item per segment with a non-zero advantage.
+* `held_items`: with post-hoc stage credit (`STAGE_CREDIT`), the provisional items of finished
+  groups, computed when their stages completed and released only now, with their corrections.
 * `correction_items`: when every member of some groups has finished, the targets `A*`
   (`core.advantages.target_advantages`) and `Δ = A* − Â_applied` (`core.correction.
   correction_advantages`), with `Â_applied` the provisional advantage actually handed to the
@@ -26,6 +28,10 @@ from agentic_grpo.replay import batching
 from agentic_grpo.replay import records
 
 KINDS = ("provisional", "correction", "final")
+# When provisional items reach the learner: as soon as the group completes the stage (Agentic
+# GRPO), or held until the group's final rewards (dense stage credit without immediacy: the
+# turn-level credit of MT-GRPO / GiGPO-style methods, arm 2 of DESIGN.md §7).
+STAGE_CREDIT = ("immediate", "post_hoc")
 
 # `[B][G][S]` stored segments of B groups of G episodes (None for a stage not yet reported).
 SegmentGrid = Sequence[Sequence[Sequence[records.Segment]]]
@@ -61,6 +67,26 @@ def provisional_items(grid: SegmentGrid, episode_ids: Sequence[Sequence[int]], s
         continue
       s.applied = float(a)
       items.append(batching.segment_item("provisional", e, stage, s, float(a)))
+  return items
+
+
+def held_items(grid: SegmentGrid, episode_ids: Sequence[Sequence[int]], *,
+               skip_zero_advantage: bool) -> list[records.Item]:
+  """The provisional items `provisional_items` would have readied, for post-hoc release.
+
+  Their advantages were computed (and recorded as `applied`) when each stage completed.
+
+  Args:
+    grid: `[B][G][S]` segments of every member of finished groups.
+    episode_ids: `[B][G]` episode ids.
+    skip_zero_advantage: as in `provisional_items`.
+  """
+  items = []
+  for eps, row in zip(episode_ids, grid):
+    for e, segments in zip(eps, row):
+      for k, s in enumerate(segments):
+        if s.valid and (s.applied != 0.0 or not skip_zero_advantage):
+          items.append(batching.segment_item("provisional", e, k, s, s.applied))
   return items
 
 

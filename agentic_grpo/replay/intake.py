@@ -10,6 +10,9 @@ it, and the stage reward.
   provisional items become ready (`credit.provisional_items`).
 * `finish` takes the final rewards; once every member of a group has finished, its corrections
   and final items become ready (`credit.correction_items`).
+* `stage_credit="post_hoc"` holds a group's provisional items until its final rewards, then
+  readies them ahead of its corrections (`credit.held_items`): dense stage credit without
+  immediacy (arm 2 of DESIGN.md §7). The default `"immediate"` readies them at once.
 * `take` hands the learner a fixed-shape batch (`batching.take`), applying the staleness rule
   (`core.correction.staleness_weights`): segments older than `max_staleness` policy versions are
   dropped (mode `drop`) or down-weighted (mode `linear`), and counted.
@@ -75,6 +78,7 @@ class StagedReplay:
       when_full: str = "evict_oldest",
       skip_zero_advantage: bool = True,
       pack_corrections: bool = True,
+      stage_credit: str = "immediate",
   ):
     """Creates an empty replay.
 
@@ -99,6 +103,9 @@ class StagedReplay:
       pack_corrections: pack an episode's correction segments into one row when they chain. Pass
         True only for a loss that is additive over a row's segments
         (`core.losses.segments_additive`).
+      stage_credit: when provisional items become ready, from `credit.STAGE_CREDIT`:
+        `immediate` (when the group completes the stage) or `post_hoc` (held until the group's
+        final rewards, then released).
 
     Raises:
       ValueError: naming the first bad argument.
@@ -112,6 +119,7 @@ class StagedReplay:
     core_types.check_choice("baseline", baseline, advantages_lib.BASELINES)
     core_types.check_choice("staleness_mode", staleness_mode, correction_lib.STALENESS_MODES)
     core_types.check_choice("when_full", when_full, WHEN_FULL)
+    core_types.check_choice("stage_credit", stage_credit, credit.STAGE_CREDIT)
     if max_staleness < 0:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     if not 0.0 <= gamma <= 1.0:
@@ -134,6 +142,7 @@ class StagedReplay:
     self.when_full = when_full
     self.skip_zero_advantage = bool(skip_zero_advantage)
     self.pack_corrections = bool(pack_corrections)
+    self.stage_credit = stage_credit
     self._groups: dict[int, _Group] = {}
     self._episodes: dict[int, _Episode] = {}
     self._ready: collections.deque[records.Item] = collections.deque()
@@ -262,6 +271,8 @@ class StagedReplay:
     items = credit.provisional_items(grid, members, stage, scale=self.scale,
                                      baseline=self.baseline,
                                      skip_zero_advantage=self.skip_zero_advantage)
+    if self.stage_credit == "post_hoc":
+      return 0  # held: `applied` is recorded on the segments, released by `_emit_corrections`
     self._ready.extend(items)
     self.counters["provisional_items"] += len(items)
     return len(items)
@@ -274,7 +285,8 @@ class StagedReplay:
       final_rewards: `[M]` finite floats (e.g. fraction of hidden tests passed).
 
     Returns:
-      The number of items (correction or final rows) made ready by this call.
+      The number of items (correction or final rows, and the held provisional rows of
+      `post_hoc` stage credit) made ready by this call.
 
     Raises:
       ValueError: unknown episode, missing stages, repeated finish, or non-finite rewards.
@@ -306,6 +318,12 @@ class StagedReplay:
     """Releases finished groups, readying their corrections (one advantage call for all)."""
     ids = [self._groups.pop(g).episodes for g in group_ids]
     eps = [[self._episodes.pop(e) for e in row] for row in ids]
+    held = []
+    if self.stage_credit == "post_hoc" and self.stage_rewards:
+      held = credit.held_items([[ep.segments for ep in row] for row in eps], ids,
+                               skip_zero_advantage=self.skip_zero_advantage)
+      self._ready.extend(held)
+      self.counters["provisional_items"] += len(held)
     items = credit.correction_items(
         [[ep.segments for ep in row] for row in eps],
         np.array([[ep.final_reward for ep in row] for row in eps], np.float32), ids,
@@ -316,7 +334,7 @@ class StagedReplay:
     self._ready.extend(items)
     self.counters["correction_items"] += len(items)
     self._enforce_capacity()
-    return len(items)
+    return len(held) + len(items)
 
   def _record_applied(self, item: records.Item, weight: float) -> None:
     """A provisional item left the queue with `weight`: its segment got `weight · Â`."""

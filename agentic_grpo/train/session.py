@@ -47,7 +47,8 @@ def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
       staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
       when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
       pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
-          cfg.loss.ratio_level, cfg.loss.aggregation))
+          cfg.loss.ratio_level, cfg.loss.aggregation),
+      stage_credit=cfg.correction.stage_credit)
 
 
 class Session:
