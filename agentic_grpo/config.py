@@ -232,6 +232,9 @@ class RLSection:
     max_idle_batches: end the RL phase after this many batches without learning signal (0 =
       never).
     max_skipped_updates: stop the run after this many non-finite updates in a row (0 = never).
+    episode_budget: end the RL phase once this many training episodes (all processes) have
+      finished, even before `num_steps` updates (0 = no budget): runs whose updates consume
+      episodes at different rates (outcome-only vs staged) compared at equal rollouts.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -245,8 +248,11 @@ class RLSection:
   buckets: tuple[int, ...] = (128, 256)
   max_idle_batches: int = 50
   max_skipped_updates: int = 3
+  episode_budget: int = 0
 
   def validate(self, path: str) -> None:
+    _check(self.episode_budget >= 0, f"{path}.episode_budget", "must be >= 0 (0 = no budget)",
+           self.episode_budget)
     _check(self.max_skipped_updates >= 0, f"{path}.max_skipped_updates", "must be >= 0 (0 = never "
            "stop)", self.max_skipped_updates)
     _check(self.max_idle_batches >= 0, f"{path}.max_idle_batches", "must be >= 0",

@@ -56,6 +56,7 @@ MAY_CHANGE = frozenset({
     "sandbox.workers", "sandbox.timeout_s", "sandbox.cpu_s", "sandbox.memory_mb",
     "sandbox.min_isolation",
     "rl.num_steps",  # the run's length (and the cosine schedule's)
+    "rl.episode_budget",  # the run's length in episodes
     "rl.micro_batches",  # the same update, accumulated in other slices
     "rl.max_idle_batches", "rl.max_skipped_updates",
     "optim.max_consecutive_nonfinite",

@@ -24,7 +24,7 @@ parse leaves its function undefined, and `f` fails.
 agent loop calls `finish` in its background sandbox job, so with several episode batches in
 flight the delay holds back only the finishing batch (and evaluation, which waits for it).
 
-Of `WorkflowConfig`, only `score_stages` and `reward_mode` apply; the stage list comes from the
+Of `WorkflowConfig`, only `stage_rewards` and `reward_mode` apply; the stage list comes from the
 task (`num_pieces`).
 """
 
@@ -110,7 +110,7 @@ class PiecesWorkflow(workflow_lib.Workflow):
     """Builds the K piece stages.
 
     Args:
-      config: workflow options (`score_stages`, `reward_mode` apply).
+      config: workflow options (`stage_rewards`, `reward_mode` apply).
       pool: a sandbox pool (`map(programs) -> list[RunResult]`); None only for
         `reference_segments`.
       num_pieces: K >= 2; must equal the tasks' `LongHorizonConfig.num_stages`.

@@ -13,7 +13,8 @@ on one action:
 
 With stage rewards and corrections off (`experiments/outcome_grpo.py`) the same loop is
 outcome-only GRPO. The phase also ends early on `rl.max_idle_batches` episode batches in a row
-without learning signal, or on a signal (`train.preemption`). `RLPhase.verdict` says when the
+without learning signal, once `rl.episode_budget` training episodes have finished (equal-rollout
+comparisons, `experiments/ablation.py`), or on a signal (`train.preemption`). `RLPhase.verdict` says when the
 phase did not do what it was asked, and why.
 """
 
@@ -49,6 +50,9 @@ class RLPhase:
     self.tokens = 0
     self.idle_batches = 0
     self.t_logged = time.time()
+    # Seconds in the agent loop (sampling, waiting for the sandbox) since the last row: the
+    # learner's idle share of the interval (`loop/learner_idle_fraction`; not checkpointed).
+    self.agent_seconds = 0.0
     self.ended_without_signal = False
     self.updates_run = 0
     self.last_update: Optional[dict[str, Any]] = None
@@ -63,7 +67,10 @@ class RLPhase:
     if s.phase != "rl":
       return
     s.rl_state = self
+    budget = s.cfg.rl.episode_budget
     while s.step < s.total and not s.stopping():
+      if budget and s.coord.total(s.agent.counters["episodes"]) >= budget:
+        break
       agreed = self._agree()
       if agreed.stop:
         s.preempted = True
@@ -110,7 +117,9 @@ class RLPhase:
 
   def _agent_step(self) -> None:
     s = self.s
+    t0 = time.time()
     harvested = s.agent.step(s.device.policy, s.step - s.ws_steps)
+    self.agent_seconds += time.time() - t0
     if harvested:
       self.harvest_rows.append(harvested)
       if "reward/final" in harvested:
@@ -141,7 +150,9 @@ class RLPhase:
              "replay": {k: s.replay.counters.get(k, 0) for k in metrics_lib.REPLAY_TOTALS}}
     now = time.time()
     row = {"step": s.step, "phase": "rl", "seconds": now - s.t_start,
-           "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9)}
+           "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9),
+           "loop/learner_idle_fraction": min(
+               1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
     row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
       s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
@@ -150,7 +161,7 @@ class RLPhase:
     s.metrics.write(row)
     self.updates.clear()
     self.harvest_rows.clear()
-    self.tokens, self.t_logged = 0, time.time()
+    self.tokens, self.t_logged, self.agent_seconds = 0, time.time(), 0.0
 
   # ------------------------------------------------------------------------------- state
 

@@ -1,0 +1,173 @@
+"""The four-arm ablation of DESIGN.md §7 on the long-horizon task and the embedded default.
+
+Arms (same model, warm-start, rollout budget and learning rate; only the credit differs):
+
+| arm | stage rewards | stage credit applied | correction |
+|---|---|---|---|
+| `outcome` (outcome GRPO) | no | — | — |
+| `post_hoc` (MT-GRPO / GiGPO-like) | yes | after the episode (`correction.stage_credit='post_hoc'`) | no |
+| `no_correction` | yes | right after each stage | no |
+| `agentic` (Agentic GRPO) | yes | right after each stage | yes |
+
+Tasks: `long_horizon` (`tasks.long_horizon`, K pieces, `agent.pieces` workflow) and `default`
+(the embedded synthetic task of `experiments/tiny_codegen.py`). Each (task, arm, seed) run is its
+own workdir `ROOT/TASK/ARM/seedN`; a finished run leaves `done.json` there and is skipped when
+the command is run again, an unfinished one resumes from its checkpoint (`train.run`), so the
+whole ablation can span several sittings. Runs of the same seed compute the same warm-start (a
+pure function of the seed and the task), so their RL phases start from the same parameters.
+Every run stops at the same number of training episodes (`rl.episode_budget`): outcome-only
+GRPO consumes episodes faster per update than the staged arms. The learning rate is constant
+(a cosine over `rl.num_steps` would decay at different rates per arm).
+
+Outputs in ROOT: `results.md` (per task and arm, from each run's `metrics.jsonl`) and
+`curves.png` (held-out pass@1 against training episodes and RL seconds, one line per arm, the
+band spanning the seeds).
+
+    python -m experiments.ablation --root=ablation            # the full ablation (hours)
+    python -m experiments.ablation --root=/tmp/abl --quick    # every arm, minutes
+"""
+
+import json
+import os
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+
+from agentic_grpo import config as config_lib
+from agentic_grpo.agent import pieces
+from agentic_grpo.tasks import long_horizon
+from experiments import ablation_report
+from experiments import tiny_codegen
+
+ARMS = {
+    "outcome": dict(stage_rewards=False, correction=False, stage_credit="immediate"),
+    "post_hoc": dict(stage_rewards=True, correction=False, stage_credit="post_hoc"),
+    "no_correction": dict(stage_rewards=True, correction=False, stage_credit="immediate"),
+    "agentic": dict(stage_rewards=True, correction=True, stage_credit="immediate"),
+}
+TASKS = ("long_horizon", "default")
+DONE = "done.json"
+
+_ROOT = flags.DEFINE_string("root", "ablation", "Directory of the runs and the results.")
+_QUICK = flags.DEFINE_bool("quick", False, "Micro model and budgets: every arm in minutes.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per (task, arm) (--quick: 1).")
+_TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
+_ARMS = flags.DEFINE_list("arms", list(ARMS), f"Arms, from {tuple(ARMS)}.")
+_STAGES = flags.DEFINE_integer("num_stages", 4, "K, pieces of a long-horizon task.")
+_DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
+                            "Latency of the long-horizon final judge (seconds).")
+_BUDGET = flags.DEFINE_integer("episode_budget", 0,
+                               "Training episodes per run (0: the config's default).")
+
+
+def arm_config(task: str, arm: str, seed: int, quick: bool = False
+               ) -> ml_collections.ConfigDict:
+  """The run config of one (task, arm, seed).
+
+  Raises:
+    ValueError: for an unknown task or arm.
+  """
+  if task not in TASKS or arm not in ARMS:
+    raise ValueError(f"task must be in {TASKS} and arm in {tuple(ARMS)}, got {task!r}, {arm!r}")
+  c = tiny_codegen.get_config()
+  c.seed = seed
+  c.optim.schedule = "constant"
+  c.rl.num_steps = 100_000  # the episode budget ends the phase
+  c.rl.episode_budget = 4096
+  c.task.eval_size = 512
+  c.eval.every = 10
+  c.eval.num_samples = 0
+  c.log.every = 1
+  c.log.progress_bar = False
+  c.checkpoint.every = 20
+  if task == "long_horizon":
+    # Episodes of about 330 tokens (K = 4; 420 at most): pieces are one primitive each.
+    c.workflow.max_new_tokens = 32
+    c.loss.max_tokens = 32
+    c.rl.buckets = (256, 448)
+    c.warmstart.seq_len = 448
+    c.warmstart.steps = 400
+  spec = ARMS[arm]
+  c.workflow.stage_rewards = spec["stage_rewards"]
+  c.correction.enabled = spec["correction"]
+  c.correction.stage_credit = spec["stage_credit"]
+  if quick:
+    _shrink(c, task)
+  return c
+
+
+def _shrink(c: ml_collections.ConfigDict, task: str) -> None:
+  """A micro model, a few warm-start steps and a budget of a few episode batches."""
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.warmstart.update(steps=2, batch_size=4)
+  c.rl.update(tasks_per_batch=2, group_size=2, rows_per_update=4, batches_in_flight=2,
+              episode_budget=8)
+  c.rl.buckets = c.rl.buckets[-1:]
+  c.workflow.max_new_tokens = 12
+  c.loss.max_tokens = 12
+  c.task.eval_size = 4
+  c.eval.every = 2
+  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
+  c.checkpoint.every = 0
+  c.log.plot = False
+  c.log.tensorboard = False
+  del task
+
+
+def run_kwargs(task: str, num_stages: int = 4, final_reward_delay_s: float = 0.0
+               ) -> dict[str, Any]:
+  """`train.run` keyword arguments of a task: its task source and workflow (none: default)."""
+  if task == "long_horizon":
+    return {"tasks": long_horizon.LongHorizonTasks(
+                long_horizon.LongHorizonConfig(num_stages=num_stages)),
+            "workflow_factory": pieces.factory(num_stages, final_reward_delay_s)}
+  return {}
+
+
+def workdir(root: str, task: str, arm: str, seed: int) -> str:
+  return os.path.join(root, task, arm, f"seed{seed}")
+
+
+def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
+            quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
+            episode_budget: int = 0) -> list[str]:
+  """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now."""
+  from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
+  ran = []
+  for task in tasks:
+    for seed in seeds:  # seeds outermost: a partial ablation still pairs arms per seed
+      for arm in arms:
+        wd = workdir(root, task, arm, seed)
+        if os.path.exists(os.path.join(wd, DONE)):
+          logging.info("skipping %s (finished)", wd)
+          continue
+        cfg = arm_config(task, arm, seed, quick)
+        if episode_budget:
+          cfg.rl.episode_budget = episode_budget
+        logging.info("running %s", wd)
+        out = train.run(config_lib.from_config_dict(cfg), wd,
+                        **run_kwargs(task, num_stages, final_reward_delay_s))
+        with open(os.path.join(wd, DONE), "w") as f:
+          json.dump({"step": out["step"], "final_pass_at_1": out["final_pass_at_1"],
+                     "warmstart_pass_at_1": out["warmstart_pass_at_1"]}, f)
+        ran.append(wd)
+  return ran
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  bad = sorted(set(_TASKS.value) - set(TASKS)) + sorted(set(_ARMS.value) - set(ARMS))
+  if bad:
+    raise app.UsageError(f"unknown tasks or arms {bad}; tasks: {TASKS}, arms: {tuple(ARMS)}")
+  seeds = range(1 if _QUICK.value else _SEEDS.value)
+  run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
+          num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
+          episode_budget=_BUDGET.value)
+  ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
+
+
+if __name__ == "__main__":
+  app.run(main)

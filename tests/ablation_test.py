@@ -1,0 +1,58 @@
+"""End-to-end test of the quick ablation: every arm on both tasks runs and is reported."""
+
+import os
+import tempfile
+
+from absl.testing import absltest
+
+from agentic_grpo import config as config_lib
+from experiments import ablation
+from experiments import ablation_report
+
+
+class AblationTest(absltest.TestCase):
+
+  def test_arms_differ_only_in_stage_credit(self):
+    for task in ablation.TASKS:
+      cfgs = {arm: config_lib.to_dict(config_lib.from_config_dict(
+          ablation.arm_config(task, arm, 0))) for arm in ablation.ARMS}
+      for arm, c in cfgs.items():
+        spec = ablation.ARMS[arm]
+        self.assertEqual(c["workflow"]["stage_rewards"], spec["stage_rewards"])
+        self.assertEqual(c["correction"]["enabled"], spec["correction"])
+        self.assertEqual(c["correction"]["stage_credit"], spec["stage_credit"])
+        for section in ("workflow", "correction"):
+          c[section] = {k: v for k, v in c[section].items()
+                        if k not in ("stage_rewards", "enabled", "stage_credit")}
+      first = cfgs["outcome"]
+      for c in cfgs.values():
+        self.assertEqual(c, first)  # same budget, model, tasks and optimiser
+      self.assertGreater(first["rl"]["episode_budget"], 0)
+    with self.assertRaisesRegex(ValueError, "arm"):
+      ablation.arm_config("default", "oracle", 0)
+
+  def test_quick_ablation_end_to_end_and_rerun_skips(self):
+    root = tempfile.mkdtemp()
+    tasks, arms = list(ablation.TASKS), list(ablation.ARMS)
+    ran = ablation.run_all(root, tasks, arms, [0], quick=True)
+    self.assertLen(ran, len(tasks) * len(arms))
+    text = ablation_report.write(root, tasks, arms, [0])
+    for task in tasks:
+      self.assertIn(f"## {task}", text)
+      for arm in arms:
+        wd = ablation.workdir(root, task, arm, 0)
+        self.assertTrue(os.path.exists(os.path.join(wd, ablation.DONE)))
+        run = ablation_report.load_run(wd)
+        self.assertIsNotNone(run)
+        self.assertGreaterEqual(run["curve"][-1][0], 8)  # the episode budget was spent
+        self.assertBetween(run["final"], 0.0, 1.0)
+    for arm in arms:
+      self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 2)
+    self.assertTrue(os.path.exists(os.path.join(root, "results.md")))
+    self.assertGreater(os.path.getsize(os.path.join(root, "curves.png")), 1000)
+    # A second pass finds every run finished.
+    self.assertEmpty(ablation.run_all(root, tasks, arms, [0], quick=True))
+
+
+if __name__ == "__main__":
+  absltest.main()
