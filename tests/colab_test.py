@@ -1,6 +1,11 @@
-"""Executes every notebook under colabs/ headless; a failing cell fails the test."""
+"""Executes every notebook under colabs/ headless; a failing cell fails the test.
 
+Notebooks that train read `AGENTIC_GRPO_NOTEBOOK_SMOKE=1` (set here) and shrink to a micro model.
+"""
+
+import os
 import pathlib
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -19,6 +24,7 @@ class ColabTest(parameterized.TestCase):
   @parameterized.named_parameters((p.stem, p) for p in _NOTEBOOKS)
   def test_notebook_runs(self, path):
     nb = nbformat.read(path, as_version=4)
+    self.enter_context(mock.patch.dict(os.environ, {"AGENTIC_GRPO_NOTEBOOK_SMOKE": "1"}))
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(_COLABS)}})
     client.execute()
