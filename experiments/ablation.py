@@ -13,8 +13,10 @@ Tasks: `long_horizon` (`tasks.long_horizon`, K pieces, `agent.pieces` workflow) 
 (the embedded synthetic task of `experiments/tiny_codegen.py`). Each (task, arm, seed) run is its
 own workdir `ROOT/TASK/ARM/seedN`; a finished run leaves `done.json` there and is skipped when
 the command is run again, an unfinished one resumes from its checkpoint (`train.run`), so the
-whole ablation can span several sittings. Runs of the same seed compute the same warm-start (a
-pure function of the seed and the task), so their RL phases start from the same parameters.
+whole ablation can span several sittings. The warm-start is shared: it runs once per (task,
+seed) in `ROOT/TASK/warmstart/seedN` (stopped at the end of the warm-start, checkpointed), and
+each arm's workdir starts from a copy of that checkpoint and its metrics, so every arm's RL phase
+starts from the same parameters and is compared on the same warm-start evaluation.
 Every run stops at the same number of training episodes (`rl.episode_budget`): outcome-only
 GRPO consumes episodes faster per update than the staged arms. The learning rate is constant
 (a cosine over `rl.num_steps` would decay at different rates per arm).
@@ -29,6 +31,7 @@ band spanning the seeds).
 
 import json
 import os
+import shutil
 from typing import Any, Sequence
 
 from absl import app
@@ -131,6 +134,28 @@ def workdir(root: str, task: str, arm: str, seed: int) -> str:
   return os.path.join(root, task, arm, f"seed{seed}")
 
 
+def _warm_start(train, root: str, task: str, seed: int, quick: bool, kwargs) -> str:
+  """The shared warm-start of (task, seed): run (or resumed) to its end; returns its workdir."""
+  wd = os.path.join(root, task, "warmstart", f"seed{seed}")
+  if not os.path.exists(os.path.join(wd, DONE)):
+    cfg = config_lib.from_config_dict(arm_config(task, "outcome", seed, quick))
+    logging.info("warm-start %s", wd)
+    train.run(cfg, wd, stop_after=cfg.warmstart.steps, **kwargs)
+    with open(os.path.join(wd, DONE), "w") as f:
+      json.dump({"step": cfg.warmstart.steps}, f)
+  return wd
+
+
+def _seed_from(warm: str, wd: str) -> None:
+  """Starts `wd` from the shared warm-start's checkpoint and metrics (unless it has its own)."""
+  if os.path.exists(os.path.join(wd, "checkpoints")):
+    return  # a run in progress: it resumes from its own checkpoint
+  os.makedirs(wd, exist_ok=True)
+  shutil.copy(os.path.join(warm, "metrics.jsonl"), os.path.join(wd, "metrics.jsonl"))
+  shutil.copytree(os.path.join(warm, "checkpoints"), os.path.join(wd, "checkpoints.tmp"))
+  os.replace(os.path.join(wd, "checkpoints.tmp"), os.path.join(wd, "checkpoints"))
+
+
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
             episode_budget: int = 0) -> list[str]:
@@ -138,18 +163,22 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
   for task in tasks:
+    kwargs = run_kwargs(task, num_stages, final_reward_delay_s)
     for seed in seeds:  # seeds outermost: a partial ablation still pairs arms per seed
-      for arm in arms:
+      todo = [a for a in arms
+              if not os.path.exists(os.path.join(workdir(root, task, a, seed), DONE))]
+      if not todo:
+        logging.info("skipping %s seed %d (every arm finished)", task, seed)
+        continue
+      warm = _warm_start(train, root, task, seed, quick, kwargs)
+      for arm in todo:
         wd = workdir(root, task, arm, seed)
-        if os.path.exists(os.path.join(wd, DONE)):
-          logging.info("skipping %s (finished)", wd)
-          continue
+        _seed_from(warm, wd)
         cfg = arm_config(task, arm, seed, quick)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
         logging.info("running %s", wd)
-        out = train.run(config_lib.from_config_dict(cfg), wd,
-                        **run_kwargs(task, num_stages, final_reward_delay_s))
+        out = train.run(config_lib.from_config_dict(cfg), wd, **kwargs)
         with open(os.path.join(wd, DONE), "w") as f:
           json.dump({"step": out["step"], "final_pass_at_1": out["final_pass_at_1"],
                      "warmstart_pass_at_1": out["warmstart_pass_at_1"]}, f)

@@ -46,6 +46,11 @@ class AblationTest(absltest.TestCase):
         self.assertIsNotNone(run)
         self.assertGreaterEqual(run["curve"][-1][0], 8)  # the episode budget was spent
         self.assertBetween(run["final"], 0.0, 1.0)
+      # Every arm starts from the shared warm-start (same evaluation at 0 episodes).
+      starts = {arm: ablation_report.load_run(ablation.workdir(root, task, arm, 0))["curve"][0]
+                for arm in arms}
+      self.assertLen(set(starts.values()), 1)
+      self.assertEqual(starts[arms[0]][:2], (0.0, 0.0))
     for arm in arms:
       self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 2)
     self.assertTrue(os.path.exists(os.path.join(root, "results.md")))
