@@ -119,7 +119,8 @@ class TaskSection:
   out.
 
   Attributes:
-    source: task source, registered in `tasks.sources.TASK_SOURCES` (`synthetic`).
+    source: task source, registered in `tasks.sources.TASK_SOURCES` (`synthetic`,
+      `long_horizon`: K-piece tasks with `depths=(K,)` and `workflow.stages=('pieces',)`).
     seed: seed of the synthetic task generator.
     depths: program composition depths drawn from.
     string_prob: probability of a string-typed task, in [0, 1].

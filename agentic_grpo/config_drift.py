@@ -30,6 +30,7 @@ FIXED = frozenset({
     "task.path", "task.heldout_fraction", "task.split_seed",
     "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
     "workflow.reward_mode", "workflow.reference_fix_fraction", "workflow.num_agent_tests",
+    "workflow.num_pieces", "workflow.final_reward_delay_s",
     "workflow.stage_rewards", "workflow.max_new_tokens", "workflow.max_obs_chars",
     "workflow.max_value_chars", "workflow.min_test_input_len",
     "rl.tasks_per_batch", "rl.group_size", "rl.batches_in_flight", "rl.rows_per_update",

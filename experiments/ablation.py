@@ -9,7 +9,8 @@ Arms (same model, warm-start, rollout budget and learning rate; only the credit 
 | `no_correction` | yes | right after each stage | no |
 | `agentic` (Agentic GRPO) | yes | right after each stage | yes |
 
-Tasks: `long_horizon` (`tasks.long_horizon`, K pieces, `agent.pieces` workflow) and `default`
+Tasks: `long_horizon` (`task.source='long_horizon'`, K pieces, `workflow.stages=('pieces',)`) and
+`default`
 (the embedded synthetic task of `experiments/tiny_codegen.py`). Each (task, arm, seed) run is its
 own workdir `ROOT/TASK/ARM/seedN`; a finished run leaves `done.json` there and is skipped when
 the command is run again, an unfinished one resumes from its checkpoint (`train.run`), so the
@@ -40,8 +41,6 @@ from absl import logging
 import ml_collections
 
 from agentic_grpo import config as config_lib
-from agentic_grpo.agent import pieces
-from agentic_grpo.tasks import long_horizon
 from experiments import ablation_report
 from experiments import tiny_codegen
 
@@ -66,9 +65,10 @@ _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                "Training episodes per run (0: the config's default).")
 
 
-def arm_config(task: str, arm: str, seed: int, quick: bool = False
-               ) -> ml_collections.ConfigDict:
-  """The run config of one (task, arm, seed).
+def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stages: int = 4,
+               final_reward_delay_s: float = 0.0) -> ml_collections.ConfigDict:
+  """The run config of one (task, arm, seed); `num_stages` and `final_reward_delay_s` apply to
+  the long-horizon task.
 
   Raises:
     ValueError: for an unknown task or arm.
@@ -87,6 +87,11 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False
   c.log.progress_bar = False
   c.checkpoint.every = 20
   if task == "long_horizon":
+    c.task.source = "long_horizon"
+    c.task.depths = (num_stages,)
+    c.workflow.stages = ("pieces",)
+    c.workflow.num_pieces = num_stages
+    c.workflow.final_reward_delay_s = final_reward_delay_s
     # Episodes of about 330 tokens (K = 4; 420 at most): pieces are one primitive each.
     c.workflow.max_new_tokens = 32
     c.loss.max_tokens = 32
@@ -120,27 +125,17 @@ def _shrink(c: ml_collections.ConfigDict, task: str) -> None:
   del task
 
 
-def run_kwargs(task: str, num_stages: int = 4, final_reward_delay_s: float = 0.0
-               ) -> dict[str, Any]:
-  """`train.run` keyword arguments of a task: its task source and workflow (none: default)."""
-  if task == "long_horizon":
-    return {"tasks": long_horizon.LongHorizonTasks(
-                long_horizon.LongHorizonConfig(num_stages=num_stages)),
-            "workflow_factory": pieces.factory(num_stages, final_reward_delay_s)}
-  return {}
-
-
 def workdir(root: str, task: str, arm: str, seed: int) -> str:
   return os.path.join(root, task, arm, f"seed{seed}")
 
 
-def _warm_start(train, root: str, task: str, seed: int, quick: bool, kwargs) -> str:
+def _warm_start(train, root: str, task: str, seed: int, options: dict[str, Any]) -> str:
   """The shared warm-start of (task, seed): run (or resumed) to its end; returns its workdir."""
   wd = os.path.join(root, task, "warmstart", f"seed{seed}")
   if not os.path.exists(os.path.join(wd, DONE)):
-    cfg = config_lib.from_config_dict(arm_config(task, "outcome", seed, quick))
+    cfg = config_lib.from_config_dict(arm_config(task, "outcome", seed, **options))
     logging.info("warm-start %s", wd)
-    train.run(cfg, wd, stop_after=cfg.warmstart.steps, **kwargs)
+    train.run(cfg, wd, stop_after=cfg.warmstart.steps)
     with open(os.path.join(wd, DONE), "w") as f:
       json.dump({"step": cfg.warmstart.steps}, f)
   return wd
@@ -162,23 +157,23 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
   """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now."""
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
+  options = dict(quick=quick, num_stages=num_stages, final_reward_delay_s=final_reward_delay_s)
   for task in tasks:
-    kwargs = run_kwargs(task, num_stages, final_reward_delay_s)
     for seed in seeds:  # seeds outermost: a partial ablation still pairs arms per seed
       todo = [a for a in arms
               if not os.path.exists(os.path.join(workdir(root, task, a, seed), DONE))]
       if not todo:
         logging.info("skipping %s seed %d (every arm finished)", task, seed)
         continue
-      warm = _warm_start(train, root, task, seed, quick, kwargs)
+      warm = _warm_start(train, root, task, seed, options)
       for arm in todo:
         wd = workdir(root, task, arm, seed)
         _seed_from(warm, wd)
-        cfg = arm_config(task, arm, seed, quick)
+        cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
         logging.info("running %s", wd)
-        out = train.run(config_lib.from_config_dict(cfg), wd, **kwargs)
+        out = train.run(config_lib.from_config_dict(cfg), wd)
         with open(os.path.join(wd, DONE), "w") as f:
           json.dump({"step": out["step"], "final_pass_at_1": out["final_pass_at_1"],
                      "warmstart_pass_at_1": out["warmstart_pass_at_1"]}, f)

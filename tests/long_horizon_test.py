@@ -1,15 +1,17 @@
 """Tests of the long-horizon task family and its piece-by-piece workflow."""
 
 import time
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from agentic_grpo.agent import pieces as pieces_lib
+from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow
 from agentic_grpo.tasks import long_horizon as lh
+from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 
 
@@ -73,6 +75,14 @@ class LongHorizonTasksTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "not a long-horizon task"):
       lh.pieces(syn)
 
+  def test_registered_task_source(self):
+    section = types.SimpleNamespace(seed=0, depths=(4,), string_prob=0.3, num_hidden=8)
+    src = sources.TASK_SOURCES.get("long_horizon")(section)
+    self.assertEqual(src.task("test", 2), lh.LongHorizonTasks().task("test", 2))
+    with self.assertRaisesRegex(ValueError, r"config\.task\.depths"):
+      sources.TASK_SOURCES.get("long_horizon")(types.SimpleNamespace(
+          seed=0, depths=(1, 2), string_prob=0.3, num_hidden=8))
+
 
 class PiecesWorkflowTest(parameterized.TestCase):
 
@@ -87,13 +97,13 @@ class PiecesWorkflowTest(parameterized.TestCase):
     super().tearDownClass()
 
   def _wf(self, k=4, **kw):
-    return pieces_lib.PiecesWorkflow(workflow.WorkflowConfig(reward_mode=workflow.ALL_PASS),
-                                     self.pool, num_pieces=k, **kw)
+    return workflow.Workflow(workflow.WorkflowConfig(
+        stages=("pieces",), num_pieces=k, reward_mode="all_pass", **kw), self.pool)
 
   def test_reference_episodes_earn_every_reward(self):
     wf = self._wf()
     tasks = list(lh.LongHorizonTasks().tasks("train", 0, 6))
-    refs = {t.task_id: wf.reference_segments(t) for t in tasks}
+    refs = {t.task_id: references.reference_segments(wf, t) for t in tasks}
     episodes, results, final = wf.rollout(
         tasks, lambda name, ctxs: [refs[t.task_id][int(name[1:]) - 1].output for t in tasks])
     self.assertEqual([r.stage for r in results], ["g1", "g2", "g3", "g4"])
@@ -110,7 +120,7 @@ class PiecesWorkflowTest(parameterized.TestCase):
     task, k, rival = next((t, k, q) for t in src.tasks("train", 0, 100)
                           for k in range(4) for q in [lh.piece_ambiguity(t, k)] if q)
     wf = self._wf()
-    ref = wf.reference_outputs(task)
+    ref = references.reference_outputs(wf, task)
     wrong = synthetic.Program(rival.in_type, (rival,)).expression("x") + "</code>"
     outs = ref[:k] + [wrong] + ref[k + 1:]
     _, results, final = wf.rollout([task], lambda name, ctxs: [outs[int(name[1:]) - 1]])
@@ -120,7 +130,7 @@ class PiecesWorkflowTest(parameterized.TestCase):
   def test_unparsed_piece_scores_zero_and_sinks_the_final(self):
     wf = self._wf(k=2)
     task = lh.LongHorizonTasks(lh.LongHorizonConfig(num_stages=2)).task("train", 3)
-    ref = wf.reference_outputs(task)
+    ref = references.reference_outputs(wf, task)
     _, results, final = wf.rollout([task, task], lambda name, ctxs: (
         ["((</code>", ref[0]] if name == "g1" else [ref[1], ref[1]]))
     np.testing.assert_array_equal(results[0].parsed, [False, True])
@@ -130,7 +140,7 @@ class PiecesWorkflowTest(parameterized.TestCase):
   def test_final_reward_delay(self):
     wf = self._wf(k=2, final_reward_delay_s=0.3)
     task = lh.LongHorizonTasks(lh.LongHorizonConfig(num_stages=2)).task("train", 0)
-    ref = wf.reference_outputs(task)
+    ref = references.reference_outputs(wf, task)
     episodes = wf.start([task])
     for k in range(2):
       wf.open_stage(episodes)
@@ -140,14 +150,16 @@ class PiecesWorkflowTest(parameterized.TestCase):
     self.assertGreaterEqual(time.monotonic() - t0, 0.3)
     self.assertEqual(float(final.rewards[0]), 1.0)
 
-  def test_bad_arguments(self):
-    with self.assertRaisesRegex(ValueError, "num_pieces"):
-      pieces_lib.PiecesWorkflow(num_pieces=1)
-    with self.assertRaisesRegex(ValueError, "final_reward_delay_s"):
-      pieces_lib.PiecesWorkflow(final_reward_delay_s=-1.0)
-    wf = pieces_lib.PiecesWorkflow(num_pieces=6)
+  def test_bad_config(self):
+    with self.assertRaisesRegex(ValueError, r"workflow\.num_pieces"):
+      workflow.WorkflowConfig(stages=("pieces",), num_pieces=1)
+    with self.assertRaisesRegex(ValueError, r"workflow\.final_reward_delay_s"):
+      workflow.WorkflowConfig(stages=("pieces",), final_reward_delay_s=-1.0)
+    with self.assertRaisesRegex(ValueError, r"workflow\.stages must be \('pieces',\) alone"):
+      workflow.WorkflowConfig(stages=("hypothesis", "pieces"))
+    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("pieces",), num_pieces=6))
     with self.assertRaisesRegex(ValueError, "has 4 pieces"):
-      wf.reference_segments(lh.LongHorizonTasks().task("train", 0))
+      references.reference_segments(wf, lh.LongHorizonTasks().task("train", 0))
 
 
 if __name__ == "__main__":

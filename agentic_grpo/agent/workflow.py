@@ -46,14 +46,16 @@ gives the ideal episode (for the supervised warm start) without running anything
 
 import collections
 import dataclasses
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import numpy as np
 
+from agentic_grpo.agent import chat_format  # pylint: disable=unused-import (registers 'chat')
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import execution
-from agentic_grpo.agent import chat_format  # pylint: disable=unused-import (registers 'chat')
+from agentic_grpo.agent import pieces  # pylint: disable=unused-import (the `pieces` stage kind)
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.tasks import task as task_lib
@@ -67,8 +69,9 @@ class WorkflowConfig:
 
   Attributes:
     stages: stage kinds in order, registered in `stages.STAGES` (`hypothesis`, `code`,
-      `tests`, `debug`); `debug` expands into `max_debug_rounds` stages named `debug_1`,
-      `debug_2`, ...
+      `tests`, `debug`, `pieces`); `debug` expands into `max_debug_rounds` stages named
+      `debug_1`, `debug_2`, ...; `pieces` (alone: long-horizon tasks, `agent.pieces`) into
+      `num_pieces` stages `g1`, `g2`, ...
     prompt_format: how episodes are written as text, registered in
       `prompts.PROMPT_FORMATS` (`tags`: `<hyp>`/`</hyp>`-style special tokens of the byte
       tokenizer; `chat`: user and assistant turns rendered with a pretrained model's chat
@@ -97,6 +100,11 @@ class WorkflowConfig:
       of its failures and the reference code as the fix. Needs a debug stage; tasks without a
       near miss (not synthetic) keep the plain reference episode. So the warm-start shows what
       debugging is for, not only `keep` after passing code.
+    num_pieces: K (>= 2), the stages of the `pieces` kind: one per piece of a long-horizon task
+      (must equal the tasks' `task.depths`).
+    final_reward_delay_s: seconds the final reward waits before it is computed (>= 0): a slow
+      remote judge. The agent loop computes it in its background job, so with several episode
+      batches in flight only the finishing batch (and evaluation) waits.
 
   Raises:
     ValueError: at construction, naming the first bad field (`config.workflow.<field>`).
@@ -113,6 +121,8 @@ class WorkflowConfig:
   min_test_input_len: int = 2
   reward_mode: str = stages_lib.FRACTION
   reference_fix_fraction: float = 0.0
+  num_pieces: int = 4
+  final_reward_delay_s: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "stages", tuple(self.stages))
@@ -132,12 +142,18 @@ class WorkflowConfig:
     check(stages and all(s in stages_lib.STAGES for s in stages)
           and len(set(stages)) == len(stages), "stages",
           f"must be distinct stage kinds from {kinds}", stages)
-    check("code" in stages, "stages", "must include 'code' (the final reward needs code)",
-          stages)
-    for later in ("tests", "debug"):
-      check(later not in stages or stages.index(later) > stages.index("code"), "stages",
-            f"must have {later!r} after 'code'", stages)
-    for name, low in (("max_debug_rounds", 0), ("num_agent_tests", 1), ("max_obs_chars", 8),
+    if "pieces" in stages:
+      check(stages == ("pieces",), "stages", "must be ('pieces',) alone when it has 'pieces'",
+            stages)
+    else:
+      check("code" in stages, "stages", "must include 'code' (the final reward needs code)",
+            stages)
+      for later in ("tests", "debug"):
+        check(later not in stages or stages.index(later) > stages.index("code"), "stages",
+              f"must have {later!r} after 'code'", stages)
+    check(self.final_reward_delay_s >= 0.0, "final_reward_delay_s", "must be >= 0",
+          self.final_reward_delay_s)
+    for name, low in (("max_debug_rounds", 0), ("num_pieces", 2), ("num_agent_tests", 1), ("max_obs_chars", 8),
                       ("max_value_chars", 4), ("max_new_tokens", 1), ("min_test_input_len", 0)):
       value = getattr(self, name)
       check(isinstance(value, int) and not isinstance(value, bool) and value >= low, name,
@@ -346,6 +362,8 @@ class Workflow:
     for i, ep in enumerate(episodes):
       if ep.pending_opening is not None:
         raise ValueError(f"episodes[{i}] has an open stage; close it before finish")
+    if self.config.final_reward_delay_s:
+      time.sleep(self.config.final_reward_delay_s)  # a slow judge
     guard = execution.Guard(FINAL, self.error_counts)
     programs = [None if ep.code is None
                 else guard(lambda ep=ep: execution.hidden_program(ep.task, ep.code), None)

