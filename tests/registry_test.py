@@ -78,14 +78,15 @@ class PromptFormatTest(absltest.TestCase):
 
   def test_workflow_config_validates_stages_against_registry(self):
     with self.assertRaisesRegex(ValueError, r"config.workflow.stages must be distinct stage "
-                                r"kinds from \('hypothesis', 'code', 'tests', 'debug'\)"):
+                                r"kinds from \('hypothesis', 'code', 'tests', 'debug', 'pieces'\)"):
       workflow.WorkflowConfig(stages=("code", "plan"))
 
 
 class TaskSourceTest(absltest.TestCase):
 
   def test_synthetic_source_from_the_task_section(self):
-    self.assertEqual(sources.TASK_SOURCES.names(), ("synthetic", "humaneval", "mbpp", "jsonl"))
+    self.assertEqual(sources.TASK_SOURCES.names(), ("synthetic", "humaneval", "mbpp", "jsonl",
+                                                     "long_horizon"))
     section = config_lib.TaskSection(seed=3, depths=(1, 2), split_by="task")
     tasks = sources.TASK_SOURCES.get("synthetic")(section)
     want = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
@@ -97,7 +98,8 @@ class TaskSourceTest(absltest.TestCase):
 
   def test_config_validates_task_source(self):
     with self.assertRaisesRegex(ValueError, r"config.task.source must be one of "
-                                r"\('synthetic', 'humaneval', 'mbpp', 'jsonl'\), got 'apps'"):
+                                r"\('synthetic', 'humaneval', 'mbpp', 'jsonl', 'long_horizon'\), "
+                                r"got 'apps'"):
       config_lib.TaskSection(source="apps").validate("task")
 
   def test_model_sources_and_config(self):

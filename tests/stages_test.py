@@ -7,6 +7,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo.agent import episodes
+from agentic_grpo.agent import pieces  # pylint: disable=unused-import (registers `pieces`)
 from agentic_grpo.agent import stages
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import task as task_lib
@@ -65,7 +66,8 @@ class ParseCodeTest(parameterized.TestCase):
 class StageRegistryTest(absltest.TestCase):
 
   def test_registered_kinds_in_workflow_order(self):
-    self.assertEqual(stages.STAGES.names(), ("hypothesis", "code", "tests", "debug"))
+    # `pieces` (agent.pieces, imported by the workflow) registers after the built-in kinds.
+    self.assertEqual(stages.STAGES.names(), ("hypothesis", "code", "tests", "debug", "pieces"))
     for kind in stages.STAGES.names():
       self.assertEqual(stages.STAGES.get(kind).kind, kind)
 

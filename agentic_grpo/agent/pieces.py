@@ -48,11 +48,11 @@ def _piece(episode: episodes_lib.Episode, index: int) -> long_horizon.Piece:
 class PieceStage(stages_lib.Stage):
   """Write piece `index` of the program; reward = its public examples passed.
 
-  Registered as the `pieces` kind, which expands into `config.num_pieces` stages; each writes
-  in the code stage's delimiters (its `kind` is `code`, for the prompt format).
+  Registered as the `pieces` kind, which expands into `config.num_pieces` stages (the `tags`
+  prompt format writes them in the code stage's delimiters).
   """
 
-  kind = "code"
+  kind = KIND
 
   def __init__(self, name: str, config: Any, prompt_format: prompts.PromptFormat,
                index: int = 0):

@@ -89,6 +89,7 @@ DELIMITERS = {
     "code": ("<code>", "</code>"),
     "tests": ("<tests>", "</tests>"),
     "debug": ("<debug>", "</debug>"),
+    "pieces": ("<code>", "</code>"),  # a long-horizon task's pieces are code (`agent.pieces`)
 }
 OBS_OPEN, OBS_CLOSE = "<obs>", "</obs>"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<hyp>", "</hyp>", "<code>", "</code>", "<tests>",
