@@ -49,6 +49,7 @@ INSTRUCTIONS = {
              "with the function's name for `f`.",
     "debug": "These are the results of your code. Reply with the corrected function in one "
              "```python code block, or reply `keep` if it is correct.",
+    "pieces": "Write this piece of the program, a function of x, in one ```python code block.",
 }
 _FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _SPECIAL_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>")
@@ -190,7 +191,7 @@ class ChatFormat(prompts.PromptFormat):
     if not cuts:
       return None
     text = output[:min(cuts)]
-    if kind in ("code", "debug"):
+    if kind in ("code", "debug", "pieces"):
       code = extract_code(text)
       if code is None and kind == "debug" and text.strip().strip("`.").lower() == KEEP:
         return KEEP
@@ -201,6 +202,6 @@ class ChatFormat(prompts.PromptFormat):
 
   def end_output(self, kind: str, body: str) -> str:
     """The assistant turn a reference episode writes for `body`."""
-    if kind in ("code", "debug") and body != KEEP:
+    if kind in ("code", "debug", "pieces") and body != KEEP:
       body = f"```python\n{body.rstrip()}\n```"
     return body + self.end_of_turn
