@@ -51,7 +51,7 @@ _OVERRIDES = (
     "--verbosity=1",  # each process logs its metrics rows and the tasks it draws
 )
 # Wall-clock numbers differ between processes; everything else must not.
-_TIMES = ("seconds", "tokens_per_s", "eval/seconds")
+_TIMES = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction")
 _TAKES = re.compile(r"agent loop: shard (\d+) batch \d+ takes stream positions (\[[^\]]*\]) "
                     r"task ids (\[[^\]]*\])")
 

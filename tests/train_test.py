@@ -107,7 +107,7 @@ class SignalingWorkflow(workflow_lib.Workflow):
     return super().close_stage(episodes, outputs)
 
 
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds")
+_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction")
 
 
 def _history(workdir):
