@@ -146,6 +146,20 @@ class BuilderTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "nonexistent"):
       train.build(cfg, pool=object())
 
+  def test_run_with_a_damaged_checkpoint_writes_nothing_into_the_workdir(self):
+    ckpt_dir = os.path.join(self.create_tempdir().full_path, "qwen2")
+    write_checkpoint(ckpt_dir, "qwen2")
+    shard = os.path.join(ckpt_dir, "model.safetensors")
+    with open(shard, "r+b") as f:
+      f.truncate(os.path.getsize(shard) // 2)
+    workdir = os.path.join(self.create_tempdir().full_path, "run")
+    cfg = config_lib.from_config_dict({
+        "model": {"source": "hf", "path": ckpt_dir}, "rl": {"buckets": (96, 128)},
+        "workflow": {"max_new_tokens": 32}, "warmstart": {"seq_len": 128}})
+    with self.assertRaisesRegex(ValueError, "model.safetensors"):
+      train.run(cfg, workdir, pool=object())
+    self.assertFalse(os.path.exists(workdir) and os.listdir(workdir), workdir)
+
 
 class EndToEndTest(parameterized.TestCase):
 

@@ -88,10 +88,13 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
   """
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
-  accept_config(cfg, workdir)
+  check_resume(cfg, workdir)
   own_pool = pool is None
+  # The model source, tasks and prompt lengths are checked here, before any device memory is
+  # spent and before anything is written into the workdir.
   comp = components_lib.build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
+    save_config(cfg, workdir)
     with preemption.StopRequest() as stop:
       return _run(comp, workdir, stop_after, stop, transfer_guard)
   finally:
@@ -99,19 +102,24 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
       comp.pool.close()
 
 
-def accept_config(cfg: config_lib.TrainConfig, workdir: str) -> None:
-  """Checks a resume's config against the saved one, then saves it as the workdir's config.
+def check_resume(cfg: config_lib.TrainConfig, workdir: str) -> None:
+  """Checks a resume's config against the workdir's saved one (nothing to check when fresh).
 
   Raises:
     config_drift.ConfigDriftError: see `run`; `config.json` is then left as it was.
   """
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   saved = epath.Path(workdir) / "config.json"
   if saved.exists() and checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
     for change in config_drift.check(json.loads(saved.read_text()), cfg, where=workdir):
       logging.info("resuming with config.%s", change)
-  if parallel.is_primary():  # written only once the config is accepted
-    saved.write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
+
+
+def save_config(cfg: config_lib.TrainConfig, workdir: str) -> None:
+  """Writes the accepted config as the workdir's `config.json` (process 0)."""
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  if parallel.is_primary():
+    (epath.Path(workdir) / "config.json").write_text(
+        json.dumps(config_lib.to_dict(cfg), indent=1))
 
 
 def _run(comp: components_lib.Components, workdir: str, stop_after: Optional[int],
