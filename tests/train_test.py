@@ -21,6 +21,7 @@ from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.models import placement
 from agentic_grpo.train import device as device_lib
@@ -94,13 +95,16 @@ class FaultyWorkflow(workflow_lib.Workflow):
 
 
 class SignalingWorkflow(workflow_lib.Workflow):
-  """A workflow that sends SIGTERM to this process when it closes its `at`-th stage (counted
-  over all instances; the sandbox job runs in the agent loop's thread, so the signal lands at
-  any point of the main loop)."""
+  """A workflow that sends SIGTERM to this process when it closes its `at`-th training stage
+  (counted over all instances; evaluation's workflows, which score with `reward_mode=fraction`,
+  are not counted; the sandbox job runs in the agent loop's thread, so the signal lands at any
+  point of the main loop)."""
   calls = 0
   at = 0
 
   def close_stage(self, episodes, outputs):
+    if self.config.reward_mode == stages_lib.FRACTION:  # an evaluation episode
+      return super().close_stage(episodes, outputs)
     SignalingWorkflow.calls += 1
     if SignalingWorkflow.calls == SignalingWorkflow.at:
       os.kill(os.getpid(), signal.SIGTERM)
@@ -310,7 +314,8 @@ class TrainTest(parameterized.TestCase):
                                   "eval.num_samples": 0, "checkpoint.every": 0})
     full, parts = self.create_tempdir().full_path, self.create_tempdir().full_path
     train.run(cfg, full, pool=self.pool, transfer_guard="disallow")
-    SignalingWorkflow.calls, SignalingWorkflow.at = 0, 8  # (evaluation closes stages too)
+    # The 3rd training stage closes after two RL updates (of five): the stop lands mid-RL.
+    SignalingWorkflow.calls, SignalingWorkflow.at = 0, 3
     with self.assertRaisesRegex(train.Preempted, "SIGTERM") as stopped:
       train.run(cfg, parts, pool=self.pool, workflow_factory=SignalingWorkflow)
     self.assertBetween(stopped.exception.step, 2, 5)
