@@ -160,9 +160,16 @@ class AdversarialIsolationTest(parameterized.TestCase):
         _call(_WALK, _CHECKOUT_FILE, self.victim), _call(_WALK, self.hidden, self.victim)])
     self._assert_nothing_escaped([checkout, hidden])
     listing = [x for x in checkout if x.startswith("LIST:")]
+    host_root = sorted(os.listdir("/"))
     top = _CHECKOUT_FILE.strip("/").split("/")[0]
     for entry in listing:  # If "/" was reached at all, it is not the host's root.
-      self.assertNotIn(top, entry[5:].split(","))
+      seen = entry[5:].split(",")
+      self.assertNotEqual(sorted(seen), host_root)
+      self.assertIn("jobs", seen)  # the sandbox's own minimal root (job directories' tmpfs)
+      if top not in ("tmp", "var", "run", "root", "usr", "etc", "dev", "proc"):
+        # The checkout's top folder is not visible, unless the minimal root has one of that
+        # name (e.g. a checkout under /tmp: the sandbox's /tmp is its own empty tmpfs).
+        self.assertNotIn(top, seen)
 
   @parameterized.named_parameters(*_LEVELS)
   def test_absolute_paths_outside(self, isolation):
