@@ -1,7 +1,7 @@
 """A registry by name: the one home of a pluggable vocabulary (stages, prompt formats, sources).
 
 Each registry lives next to what it registers (`agent.stages.STAGES`, `agent.prompts.
-PROMPT_FORMATS`, `tasks.sources.TASK_SOURCES`); `config.py` validates option strings against
+PROMPT_FORMATS`, `tasks.sources.TASK_SOURCES`); `config` validates option strings against
 `registry.names()`, so a new entry is one decorated definition and nothing else to retype.
 
     STAGES = registry.Registry("workflow stage")

@@ -1,0 +1,46 @@
+"""Typed run configuration, built from an `ml_collections.ConfigDict` at the boundary.
+
+Experiment files (`experiments/*.py`) return a `ConfigDict` so that command-line overrides work
+(`--config.rl.group_size=8`); `from_config_dict` turns it into the frozen dataclasses below,
+checking every field's type and range. Errors are `ValueError`s that name the field by its dotted
+path, e.g. `config.rl.group_size must be >= 2, got 1`. Unknown fields are errors too (a typo must
+not silently fall back to a default).
+
+The library below this package only sees these dataclasses. Option vocabularies are defined once,
+in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses.AGGREGATIONS`,
+...), and checked here against those tuples. The `workflow` section is the workflow's own config,
+`agent.workflow.WorkflowConfig`.
+
+* `train_config`: `TrainConfig` (every section, the checks between sections),
+  `from_config_dict`, `to_dict`;
+* `model_task`: `ModelSection`, `TaskSection` (what is trained on what);
+* `algorithm`: `RLSection`, `LossSection`, `CorrectionSection`, `ReplaySection`;
+* `optimization`: `OptimSection`, `WarmstartSection`;
+* `runtime`: `SandboxSection`, `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`;
+* `checks`: the field checks the sections share (`fail`, `check`, `choice`).
+"""
+
+from agentic_grpo.config.algorithm import CorrectionSection
+from agentic_grpo.config.algorithm import LossSection
+from agentic_grpo.config.algorithm import ReplaySection
+from agentic_grpo.config.algorithm import RLSection
+from agentic_grpo.config.model_task import ModelSection
+from agentic_grpo.config.model_task import TaskSection
+from agentic_grpo.config.optimization import OptimSection
+from agentic_grpo.config.optimization import WarmstartSection
+from agentic_grpo.config.runtime import CheckpointSection
+from agentic_grpo.config.runtime import EvalSection
+from agentic_grpo.config.runtime import LogSection
+from agentic_grpo.config.runtime import MeshSection
+from agentic_grpo.config.runtime import SandboxSection
+from agentic_grpo.config.train_config import from_config_dict
+from agentic_grpo.config.train_config import SECTION_ORDER
+from agentic_grpo.config.train_config import to_dict
+from agentic_grpo.config.train_config import TrainConfig
+
+__all__ = [
+    "CheckpointSection", "CorrectionSection", "EvalSection", "LogSection", "LossSection",
+    "MeshSection", "ModelSection", "OptimSection", "RLSection", "ReplaySection", "SECTION_ORDER",
+    "SandboxSection", "TaskSection", "TrainConfig", "WarmstartSection", "from_config_dict",
+    "to_dict",
+]

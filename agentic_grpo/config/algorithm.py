@@ -1,0 +1,203 @@
+"""Config sections of the Agentic GRPO algorithm: the RL phase, the loss, corrections, replay."""
+
+import dataclasses
+
+from agentic_grpo import replay as replay_lib
+from agentic_grpo.config import checks
+from agentic_grpo.core import advantages as advantages_lib
+from agentic_grpo.core import correction as correction_lib
+from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import types as core_types
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+  """The Agentic GRPO phase.
+
+  `num_steps` learner updates; each episode batch is `tasks_per_batch` tasks (B) times
+  `group_size` attempts (G); `batches_in_flight` episode batches overlap (sampling, sandbox and
+  learning); each update takes `rows_per_update` replay rows (N), split into `micro_batches`.
+  Rows are padded to the smallest of `buckets` that fits (each bucket compiles once).
+  `max_idle_batches` consecutive episode batches without any learning signal (every group's
+  rewards equal) end the phase early (0 = never). `max_skipped_updates` consecutive updates
+  skipped by the non-finite guard (warm-start or RL) stop the run with an error (0 = never); it
+  must not exceed `optim.max_consecutive_nonfinite`, past which the guard applies the update.
+
+  rewards equal) end the phase early (0 = never).
+
+  Attributes:
+    num_steps: learner updates of the RL phase.
+    tasks_per_batch: tasks per episode batch (B).
+    group_size: attempts per task (G), the GRPO group.
+    batches_in_flight: episode batches sampled, scored and learned from concurrently.
+    rows_per_update: replay rows per learner update (N).
+    micro_batches: gradient-accumulation slices of an update (divides rows_per_update).
+    temperature: sampling temperature of the behaviour policy (> 0).
+    top_k: top-k sampling (0 = off).
+    top_p: nucleus sampling mass, in (0, 1].
+    buckets: padded sequence lengths, strictly increasing (each compiles once).
+    max_idle_batches: end the RL phase after this many batches without learning signal (0 =
+      never).
+    max_skipped_updates: stop the run after this many non-finite updates in a row (0 = never).
+    episode_budget: end the RL phase once this many training episodes (all processes) have
+      finished, even before `num_steps` updates (0 = no budget): runs whose updates consume
+      episodes at different rates (outcome-only vs staged) compared at equal rollouts.
+  """
+  num_steps: int = 60
+  tasks_per_batch: int = 8
+  group_size: int = 8
+  batches_in_flight: int = 2
+  rows_per_update: int = 64
+  micro_batches: int = 1
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  buckets: tuple[int, ...] = (128, 256)
+  max_idle_batches: int = 50
+  max_skipped_updates: int = 3
+  episode_budget: int = 0
+
+  def validate(self, path: str) -> None:
+    checks.check(self.episode_budget >= 0, f"{path}.episode_budget",
+                 "must be >= 0 (0 = no budget)", self.episode_budget)
+    checks.check(self.max_skipped_updates >= 0, f"{path}.max_skipped_updates",
+                 "must be >= 0 (0 = never stop)", self.max_skipped_updates)
+    checks.check(self.max_idle_batches >= 0, f"{path}.max_idle_batches", "must be >= 0",
+                 self.max_idle_batches)
+    checks.check(self.num_steps >= 0, f"{path}.num_steps", "must be >= 0", self.num_steps)
+    checks.check(self.tasks_per_batch >= 1, f"{path}.tasks_per_batch", "must be >= 1",
+                 self.tasks_per_batch)
+    checks.check(self.group_size >= 2, f"{path}.group_size", "must be >= 2", self.group_size)
+    checks.check(self.batches_in_flight >= 1, f"{path}.batches_in_flight", "must be >= 1",
+                 self.batches_in_flight)
+    checks.check(self.rows_per_update >= 1, f"{path}.rows_per_update", "must be >= 1",
+                 self.rows_per_update)
+    checks.check(self.micro_batches >= 1 and self.rows_per_update % self.micro_batches == 0,
+                 f"{path}.micro_batches", f"must be >= 1 and divide rows_per_update "
+                 f"({self.rows_per_update})", self.micro_batches)
+    checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
+    checks.check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
+    checks.check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)
+    checks.check(len(self.buckets) > 0 and list(self.buckets) == sorted(set(self.buckets))
+                 and self.buckets[0] >= 8, f"{path}.buckets",
+                 "must be strictly increasing lengths >= 8", self.buckets)
+
+  def transform(self, temperature: float | None = None) -> core_types.SamplingTransform:
+    """The behaviour policy's sampling transform (`temperature` overrides `rl.temperature`)."""
+    return core_types.SamplingTransform(
+        self.temperature if temperature is None else temperature, self.top_k, self.top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection:
+  """`core.losses` options (docs/design.md §2).
+
+  With stage rewards and corrections, use `aggregation='seq_mean_token_sum_norm'` (Dr. GRPO's
+  constant normaliser `rows · max_tokens`): a segment's provisional update and its correction
+  are applied in different batches, and only a normaliser that ignores a batch's contents makes
+  them add up to the target's update (`tests/losses_test.py`, cross-batch identity).
+
+  `dual_clip` > 1 bounds the loss of negative-advantage tokens at `dual_clip · |A|` (dual-clip
+  PPO, Ye et al., 2020); 0 disables it.
+
+  Attributes:
+    eps_low: lower PPO clip range, in [0, 1).
+    eps_high: upper PPO clip range (DAPO's clip-higher).
+    ratio_level: importance ratio per `token` or per `sequence`.
+    aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
+    max_tokens: the constant normaliser of `seq_mean_token_sum_norm` (> 0 with it).
+    kl_beta: weight of the KL penalty to the warm-start policy (0 = off).
+    kl_estimator: KL estimator: `k1`, `k2` or `k3`.
+    entropy_coef: entropy bonus weight.
+    dual_clip: dual-clip bound on negative-advantage token losses (0 = off, else > 1).
+  """
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  ratio_level: str = "token"
+  aggregation: str = "token_mean"
+  max_tokens: int = 0
+  kl_beta: float = 0.0
+  kl_estimator: str = "k3"
+  entropy_coef: float = 0.0
+  dual_clip: float = 0.0
+
+  def validate(self, path: str) -> None:
+    checks.check(self.dual_clip == 0.0 or self.dual_clip > 1.0, f"{path}.dual_clip",
+                 "must be 0 (off) or > 1", self.dual_clip)
+    checks.check(0.0 <= self.eps_low < 1.0, f"{path}.eps_low", "must be in [0, 1)", self.eps_low)
+    checks.check(self.eps_high >= 0.0, f"{path}.eps_high", "must be >= 0", self.eps_high)
+    checks.choice(f"{path}.ratio_level", self.ratio_level, losses_lib.RATIO_LEVELS)
+    checks.choice(f"{path}.aggregation", self.aggregation, losses_lib.AGGREGATIONS)
+    if self.aggregation == "seq_mean_token_sum_norm":
+      checks.check(self.max_tokens > 0, f"{path}.max_tokens",
+                   "must be > 0 with aggregation seq_mean_token_sum_norm", self.max_tokens)
+    checks.check(self.kl_beta >= 0.0, f"{path}.kl_beta", "must be >= 0", self.kl_beta)
+    checks.choice(f"{path}.kl_estimator", self.kl_estimator, losses_lib.KL_ESTIMATORS)
+    checks.check(self.entropy_coef >= 0.0, f"{path}.entropy_coef", "must be >= 0",
+                 self.entropy_coef)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionSection:
+  """Retroactive correction and advantage options (docs/design.md §1-2).
+
+  `baseline='previous_stage'` subtracts each member's previous-stage reward before the group
+  normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).
+  With `workflow.stage_rewards=False` no stage is scored, the baseline is 0, and the run stays
+  outcome-only GRPO.
+
+  Attributes:
+    enabled: apply retroactive corrections once final rewards arrive.
+    target: target advantage: `outcome`, `return` or `mixed`.
+    gamma: discount over stages of `return` targets, in [0, 1].
+    beta: weight of the provisional (stage) advantage kept in `mixed` targets.
+    scale: group normalisation: `std` or `none`.
+    baseline: `none` or `previous_stage`.
+    max_staleness: policy versions a correction may lag its provisional update.
+    staleness_mode: beyond max_staleness: `drop` or `linear` down-weighting.
+    stage_credit: when stage advantages reach the learner: `immediate` (as soon as a group
+      completes the stage: Agentic GRPO) or `post_hoc` (held until the group's final rewards:
+      dense stage credit without immediacy, arm 2 of DESIGN.md §7). Needs stage rewards to
+      matter.
+  """
+  enabled: bool = True
+  target: str = "outcome"
+  gamma: float = 1.0
+  beta: float = 0.0
+  scale: str = "std"
+  baseline: str = "none"
+  max_staleness: int = 8
+  staleness_mode: str = "drop"
+  stage_credit: str = "immediate"
+
+  def validate(self, path: str) -> None:
+    checks.choice(f"{path}.target", self.target, advantages_lib.TARGET_MODES)
+    checks.check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
+    checks.choice(f"{path}.scale", self.scale, advantages_lib.SCALES)
+    checks.choice(f"{path}.baseline", self.baseline, advantages_lib.BASELINES)
+    checks.check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
+                 self.max_staleness)
+    checks.choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
+    checks.choice(f"{path}.stage_credit", self.stage_credit, replay_lib.STAGE_CREDIT)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySection:
+  """`replay.StagedReplay` storage options.
+
+  Attributes:
+    capacity: segments the replay holds.
+    when_full: `evict_oldest` or `error`.
+    skip_zero_advantage: drop rows whose advantage is 0 (no gradient).
+    pack_corrections: pack an episode's correction segments into one row when they chain and
+      that leaves the loss unchanged (`core.losses.segments_additive`: the token ratio, and an
+      aggregation other than `seq_mean_token_mean`); otherwise every segment keeps its own row.
+  """
+  capacity: int = 8192
+  when_full: str = "evict_oldest"
+  skip_zero_advantage: bool = True
+  pack_corrections: bool = True
+
+  def validate(self, path: str) -> None:
+    checks.check(self.capacity >= 1, f"{path}.capacity", "must be >= 1", self.capacity)
+    checks.choice(f"{path}.when_full", self.when_full, replay_lib.WHEN_FULL)
