@@ -2,13 +2,13 @@
 
 The host-side store between the agent loop and the learner (docs/design.md §1, §3):
 
-* `intake`: `StagedReplay`, groups and episodes, stored segments, capacity and eviction,
-  checkpoint state;
+* `intake`: `StagedReplay`, groups and episodes, stored segments, capacity and eviction;
 * `credit`: provisional advantages and corrections through `core.advantages` and
   `core.correction`, one call per completed set of groups;
 * `batching`: packing an episode's segments into one row, length buckets, and `take` into a
   fixed-shape `core.types.UpdateBatch` (one staleness call per batch);
-* `records`: `Segment`, `Item`, `Batch`.
+* `records`: `Segment`, `PendingGroup`, `PendingEpisode`, `Item`, `Batch`;
+* `snapshot`: the state as numpy arrays plus a JSON dict, and back (checkpoints).
 """
 
 from agentic_grpo.replay.credit import KINDS

@@ -23,11 +23,10 @@ ready items (counted as `evicted_segments`); `"error"` raises. Episodes in progr
 evicted: if they alone exceed the capacity, `add_stage` raises `RuntimeError`.
 
 The whole state round-trips through `state_dict` / `load_state_dict` (numpy arrays plus a JSON
-dict), for checkpoints.
+dict, encoded by `snapshot`), for checkpoints.
 """
 
 import collections
-import dataclasses
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -38,23 +37,9 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.replay import batching
 from agentic_grpo.replay import credit
 from agentic_grpo.replay import records
+from agentic_grpo.replay import snapshot
 
 WHEN_FULL = ("evict_oldest", "error")
-
-
-@dataclasses.dataclass
-class _Group:
-  episodes: list[int]
-  stages_reported: list[int]  # per stage: how many members have reported it
-  finished: int = 0
-
-
-@dataclasses.dataclass
-class _Episode:
-  group: int
-  member: int
-  segments: list[Optional[records.Segment]]
-  final_reward: Optional[float] = None
 
 
 class StagedReplay:
@@ -143,8 +128,8 @@ class StagedReplay:
     self.skip_zero_advantage = bool(skip_zero_advantage)
     self.pack_corrections = bool(pack_corrections)
     self.stage_credit = stage_credit
-    self._groups: dict[int, _Group] = {}
-    self._episodes: dict[int, _Episode] = {}
+    self._groups: dict[int, records.PendingGroup] = {}
+    self._episodes: dict[int, records.PendingEpisode] = {}
     self._ready: collections.deque[records.Item] = collections.deque()
     self.counters: collections.Counter = collections.Counter()
 
@@ -186,9 +171,9 @@ class StagedReplay:
     for e in episode_ids:
       if e in self._episodes:
         raise ValueError(f"episode id {e} is already registered")
-    self._groups[int(group_id)] = _Group(episode_ids, [0] * self.num_stages)
+    self._groups[int(group_id)] = records.PendingGroup(episode_ids, [0] * self.num_stages)
     for member, e in enumerate(episode_ids):
-      self._episodes[e] = _Episode(int(group_id), member, [None] * self.num_stages)
+      self._episodes[e] = records.PendingEpisode(int(group_id), member, [None] * self.num_stages)
 
   def add_stage(
       self,
@@ -402,57 +387,11 @@ class StagedReplay:
     """The whole state as `(arrays, meta)`: flat numpy arrays and a JSON-serialisable dict.
 
     Pending episodes (with their provisional advantages, i.e. pending corrections), ready items
-    in order, and counters are all included; `load_state_dict` restores them exactly.
+    in order, and counters are all included (`snapshot.encode`); `load_state_dict` restores
+    them exactly.
     """
-    rows = []  # (tokens, mask, blp, owner) per stored row, in a fixed order
-    episodes_meta, items_meta = [], []
-    for e, ep in self._episodes.items():
-      segs = []
-      for s in ep.segments:
-        if s is None:
-          segs.append(None)
-          continue
-        rows.append((s.tokens, s.loss_mask, s.behaviour_logprobs,
-                     np.full(s.tokens.shape, -1, np.int32)))
-        segs.append([len(rows) - 1, s.version, s.reward, s.valid, s.applied])
-      episodes_meta.append([e, ep.group, ep.member, ep.final_reward, segs])
-    for item in self._ready:
-      rows.append((item.tokens, item.loss_mask, item.behaviour_logprobs, item.token_segment))
-      items_meta.append([item.kind, len(rows) - 1, item.seg_episode.tolist(),
-                         item.seg_stage.tolist(), item.seg_version.tolist(),
-                         [float(a) for a in item.seg_advantage]])
-    arrays = records.rows_to_arrays(rows)
-    meta = {
-        "groups": [[g, grp.episodes, grp.stages_reported, grp.finished]
-                   for g, grp in self._groups.items()],
-        "episodes": episodes_meta,
-        "items": items_meta,
-        "counters": dict(self.counters),
-    }
-    return arrays, meta
+    return snapshot.encode(self._groups, self._episodes, self._ready, self.counters)
 
   def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     """Replaces the state with one from `state_dict` (same construction options assumed)."""
-    row = records.arrays_to_rows(arrays).__getitem__
-    self._groups = {int(g): _Group([int(e) for e in eps], [int(c) for c in rep], int(fin))
-                    for g, eps, rep, fin in meta["groups"]}
-    self._episodes = {}
-    for e, g, member, final, segs in meta["episodes"]:
-      segments = []
-      for s in segs:
-        if s is None:
-          segments.append(None)
-          continue
-        idx, version, reward, ok, applied = s
-        t, m, b, _ = row(idx)
-        segments.append(records.Segment(t, m, b, int(version), float(reward), bool(ok),
-                                        float(applied)))
-      self._episodes[int(e)] = _Episode(int(g), int(member), segments,
-                                        None if final is None else float(final))
-    self._ready = collections.deque()
-    for kind, idx, seg_e, seg_s, seg_v, seg_a in meta["items"]:
-      t, m, b, owner = row(idx)
-      self._ready.append(records.Item(kind, t, m, b, owner, np.array(seg_e, np.int64),
-                                      np.array(seg_s, np.int64), np.array(seg_v, np.int64),
-                                      np.array(seg_a, np.float32)))
-    self.counters = collections.Counter({k: v for k, v in meta["counters"].items()})
+    self._groups, self._episodes, self._ready, self.counters = snapshot.decode(arrays, meta)

@@ -1,9 +1,8 @@
-"""The records staged replay holds and hands out: segments, ready items, learner batches.
-
-`rows_to_arrays` / `arrays_to_rows` flatten stored token rows for checkpoints.
-"""
+"""The records staged replay holds and hands out: segments, pending groups and episodes, ready
+items, learner batches."""
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 
@@ -88,24 +87,32 @@ class Batch:
     return len(self.kinds)
 
 
-# A stored row: `(tokens [L] int32, loss_mask [L] bool, behaviour_logprobs [L] f32,
-# token_segment [L] int32)`.
-Row = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-_ROW_FIELDS = (("tokens", np.int32), ("loss_mask", np.bool_), ("behaviour_logprobs", np.float32),
-               ("token_segment", np.int32))
+
+@dataclasses.dataclass
+class PendingGroup:
+  """A registered group not yet released by `finish`.
+
+  Attributes:
+    episodes: its G episode ids, in member order.
+    stages_reported: `[S]` per stage, how many members have reported it.
+    finished: members whose final reward has arrived.
+  """
+  episodes: list[int]
+  stages_reported: list[int]
+  finished: int = 0
 
 
-def rows_to_arrays(rows: list[Row]) -> dict[str, np.ndarray]:
-  """Ragged rows as flat arrays: `lengths [R]` int64 and each field concatenated."""
-  arrays = {"lengths": np.array([r[0].shape[0] for r in rows], np.int64)}
-  for j, (name, dtype) in enumerate(_ROW_FIELDS):
-    arrays[name] = (np.concatenate([r[j] for r in rows]).astype(dtype) if rows
-                    else np.zeros((0,), dtype))
-  return arrays
+@dataclasses.dataclass
+class PendingEpisode:
+  """A registered episode not yet released by `finish`.
 
-
-def arrays_to_rows(arrays: dict[str, np.ndarray]) -> list[Row]:
-  """The inverse of `rows_to_arrays`."""
-  starts = np.concatenate([[0], np.cumsum(np.asarray(arrays["lengths"], np.int64))])
-  return [tuple(np.asarray(arrays[name][int(a):int(b)], dtype) for name, dtype in _ROW_FIELDS)
-          for a, b in zip(starts[:-1], starts[1:])]
+  Attributes:
+    group: its group id.
+    member: its index in the group, in `[0, G)`.
+    segments: `[S]` stored segments, None for a stage not yet reported.
+    final_reward: the final reward, None until `finish`.
+  """
+  group: int
+  member: int
+  segments: list[Optional[Segment]]
+  final_reward: Optional[float] = None
