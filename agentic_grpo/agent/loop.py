@@ -30,9 +30,9 @@ Multi-process runs: every process runs its own `AgentLoop` on its own shard of t
 (`streams.TaskStream(shard_index=, shard_count=)`), with its own sandbox work and its own
 replay. The loop takes no decision from other processes' state, but its `sample_fn` is a
 collective there (one sampler program over every process's rows), so all processes must call
-`step` (and `run_episodes`) in lock-step: the same number of times, in the same order. The state machine
-(phase, cursor) advances identically everywhere, whatever the sandbox results, so a trainer
-that agrees on when to update keeps them in step.
+`step` (and `run_episodes`) in lock-step: the same number of times, in the same order. The
+state machine (phase, cursor) advances identically everywhere, whatever the sandbox results, so
+a trainer that agrees on when to update keeps them in step.
 
 Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
 verdicts (timeouts, memory, crashes) are counted by `streams.CountingPool`; a sandbox job that
@@ -42,7 +42,6 @@ rewards as 0, which nets out its provisional updates) and is counted. None of th
 
 import collections
 import concurrent.futures
-import dataclasses
 import json
 from typing import Any, Callable, Optional, Sequence
 
@@ -50,7 +49,7 @@ from absl import logging
 import numpy as np
 
 from agentic_grpo import replay as replay_lib
-from agentic_grpo.agent import episodes as episodes_lib
+from agentic_grpo.agent import inflight
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.tasks import task as task_lib
@@ -59,36 +58,6 @@ from agentic_grpo.tasks import task as task_lib
 #   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`.
 SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray,
                                                                       np.ndarray]]
-
-
-@dataclasses.dataclass
-class _Sampled:
-  """A sampled, not yet harvested stage of a batch."""
-  stage: int
-  version: int
-  gen: list[np.ndarray]        # per episode: generated ids (stop token included)
-  logprobs: list[np.ndarray]   # per episode: behaviour log-probs of `gen`
-  sampled: np.ndarray          # [N] bool: False where the context was too long to sample
-
-
-@dataclasses.dataclass
-class _Batch:
-  """One episode batch in flight."""
-  batch_id: int
-  positions: list[int]               # task-stream positions of the B tasks
-  group_ids: list[int]
-  episode_ids: list[int]             # N = B * G, group-major
-  workflow: workflow_lib.Workflow
-  episodes: list[episodes_lib.Episode]
-  context: list[list[int]]           # per episode: tokens so far (incl. the open stage's opening)
-  history: list[_Sampled] = dataclasses.field(default_factory=list)  # harvested stages
-  pending: Optional[_Sampled] = None
-  job: Optional[concurrent.futures.Future] = None
-  done: bool = False
-
-  @property
-  def next_stage(self) -> int:
-    return len(self.history) + (self.pending is not None)
 
 
 class AgentLoop:
@@ -144,7 +113,7 @@ class AgentLoop:
     self._own_executor = executor is None
     self._executor = executor or concurrent.futures.ThreadPoolExecutor(
         max_workers=self.K, thread_name_prefix="agent-loop")
-    self.slots: list[Optional[_Batch]] = [None] * self.K
+    self.slots: list[Optional[inflight.InFlightBatch]] = [None] * self.K
     self.cursor = 0
     self.phase = "harvest"
     self.rng_counter = 0
@@ -182,14 +151,14 @@ class AgentLoop:
     self.phase = "harvest"
     return {}
 
-  def _new_batch(self) -> _Batch:
+  def _new_batch(self) -> inflight.InFlightBatch:
     positions, tasks = self.stream.take(self.B)
     logging.vlog(1, "agent loop: shard %d batch %d takes stream positions %s task ids %s",
                  self.stream.shard_index, self.next_batch_id, json.dumps(positions),
                  json.dumps([t.task_id for t in tasks]))
     return self._start_batch(self.next_batch_id, positions, tasks, None)
 
-  def _start_batch(self, batch_id, positions, tasks, ids) -> _Batch:
+  def _start_batch(self, batch_id, positions, tasks, ids) -> inflight.InFlightBatch:
     """Registers a batch's groups (fresh ids unless restoring) and opens its first stage."""
     if ids is None:
       group_ids = list(range(self.next_group_id, self.next_group_id + self.B))
@@ -205,13 +174,13 @@ class AgentLoop:
     episodes = wf.start([t for t in tasks for _ in range(self.G)])
     openings = wf.open_stage(episodes)
     context = [list(self.tokenizer.encode(o)) for o in openings]
-    return _Batch(batch_id, list(positions), list(group_ids), list(episode_ids), wf, episodes,
-                  context)
+    return inflight.InFlightBatch(batch_id, list(positions), list(group_ids), list(episode_ids),
+                                  wf, episodes, context)
 
-  def _sample_and_submit(self, slot: _Batch, params, version: int) -> None:
+  def _sample_and_submit(self, slot: inflight.InFlightBatch, params, version: int) -> None:
     stage = slot.next_stage
     sampled = self.sample_contexts(params, slot.context, greedy=False)
-    slot.pending = _Sampled(stage, int(version), *sampled)
+    slot.pending = inflight.Sampled(stage, int(version), *sampled)
     slot.job = self._submit(slot, slot.pending)
 
   def sample_contexts(self, params, contexts: Sequence[Sequence[int]], *, greedy: bool,
@@ -253,12 +222,13 @@ class AgentLoop:
     self.counters["skipped_long_contexts"] += int((~ok).sum())
     return gen, lps, ok
 
-  def _submit(self, slot: _Batch, sampled: _Sampled) -> concurrent.futures.Future:
+  def _submit(self, slot: inflight.InFlightBatch,
+              sampled: inflight.Sampled) -> concurrent.futures.Future:
     outputs = [self.tokenizer.decode(g.tolist()) for g in sampled.gen]
     last = sampled.stage == self.num_stages - 1
     return self._executor.submit(_env_job, slot.workflow, slot.episodes, outputs, last)
 
-  def _harvest(self, slot: _Batch) -> dict[str, float]:
+  def _harvest(self, slot: inflight.InFlightBatch) -> dict[str, float]:
     """Feeds the finished sandbox job of `slot` to the replay; returns metrics."""
     sampled = slot.pending
     k = sampled.stage
@@ -297,7 +267,7 @@ class AgentLoop:
       slot.context = [list(r) + list(self.tokenizer.encode(o)) for r, o in zip(rows, follow)]
     return metrics
 
-  def _abandon(self, slot: _Batch) -> dict[str, float]:
+  def _abandon(self, slot: inflight.InFlightBatch) -> dict[str, float]:
     """Reports a failed batch's remaining stages as skipped and its final rewards as 0."""
     first = len(slot.history)
     empty = [np.zeros((0,), np.int32)] * self.num_rows
@@ -362,28 +332,9 @@ class AgentLoop:
   # ------------------------------------------------------------------------------- state
 
   def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """`(arrays, meta)`: in-flight batches as generated tokens, counters, stream position."""
-    gen_all, lp_all, lengths = [], [], []
-    slots_meta = []
-    for slot in self.slots:
-      if slot is None:
-        slots_meta.append(None)
-        continue
-      stages = slot.history + ([slot.pending] if slot.pending is not None else [])
-      for s in stages:
-        for g, lp in zip(s.gen, s.logprobs):
-          gen_all.append(g)
-          lp_all.append(lp)
-          lengths.append(len(g))
-      slots_meta.append({
-          "batch_id": slot.batch_id, "positions": slot.positions, "group_ids": slot.group_ids,
-          "episode_ids": slot.episode_ids, "done": slot.done,
-          "stages": [[s.stage, s.version, s.sampled.tolist()] for s in stages],
-          "pending": slot.pending is not None,
-      })
-    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
-    arrays = {"gen": cat(gen_all, np.int32), "logprobs": cat(lp_all, np.float32),
-              "lengths": np.asarray(lengths, np.int64)}
+    """`(arrays, meta)`: in-flight batches as generated tokens (`inflight.encode`), counters,
+    stream position."""
+    arrays, slots_meta = inflight.encode(self.slots)
     meta = {"slots": slots_meta, "cursor": self.cursor, "phase": self.phase,
             "rng_counter": self.rng_counter, "next_batch_id": self.next_batch_id,
             "next_episode_id": self.next_episode_id, "next_group_id": self.next_group_id,
@@ -399,11 +350,7 @@ class AgentLoop:
     Raises:
       ValueError: if the state has another number of batches in flight than the loop.
     """
-    lengths = np.asarray(arrays["lengths"], np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    rows = ((np.asarray(arrays["gen"][int(starts[i]):int(starts[i + 1])], np.int32),
-             np.asarray(arrays["logprobs"][int(starts[i]):int(starts[i + 1])], np.float32))
-            for i in range(len(lengths)))  # per recorded row, in `state_dict`'s order
+    rows = inflight.decode_rows(arrays)  # per recorded row, in `state_dict`'s order
     self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
     self.rng_counter = int(meta["rng_counter"])
     self.next_batch_id = int(meta["next_batch_id"])
@@ -415,21 +362,15 @@ class AgentLoop:
     if len(self.slots) != self.K:
       raise ValueError(f"state has {len(self.slots)} slots, the loop has {self.K}")
 
-  def _restore_batch(self, sm: dict[str, Any], rows) -> _Batch:
+  def _restore_batch(self, sm: dict[str, Any], rows) -> inflight.InFlightBatch:
     """One in-flight batch from its `state_dict` entry; consumes its rows from `rows`."""
     tasks = self.stream.at(sm["positions"])
     slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
                              (sm["group_ids"], sm["episode_ids"]))
+    stages = inflight.decode_stages(sm, rows, self.num_rows)
     if sm["done"]:  # Fully harvested: replaced at its next visit, nothing to rebuild.
-      for _ in range(self.num_rows * len(sm["stages"])):
-        next(rows)
       slot.done = True
       return slot
-    stages = []
-    for stage, version, sampled in sm["stages"]:
-      gens, lps = zip(*[next(rows) for _ in range(self.num_rows)])
-      stages.append(_Sampled(int(stage), int(version), list(gens), list(lps),
-                             np.asarray(sampled, bool)))
     harvested = stages[:-1] if sm["pending"] else stages
     for s in harvested:
       outputs = [self.tokenizer.decode(g.tolist()) for g in s.gen]
