@@ -2,10 +2,11 @@
 
 Modules: `types` (Program, IOTest, Limits, Isolation, RunResult, Verdict),
 `stdio` (the stdin/stdout judge: StdioProgram, StdioTest, StdioResult,
-StdioVerdict, outputs_match), `pool` (SandboxPool, run_program), `isolation` (what confinement a worker
-gets), `worker` (one server process), `values` (plain literals across the
-boundary) and `runner` (the server and children inside the sandbox, standard
-library only). Values are compared by `agentic_grpo.tasks.literals.values_equal`.
+StdioVerdict, outputs_match), `program_judge` (a Program's job and the verdict
+from its report), `pool` (SandboxPool, run_program), `isolation` (what
+confinement a worker gets), `worker` (one server process), `values` (plain
+literals across the boundary) and `runner` (the server and children inside the
+sandbox, standard library only). Values are compared by `agentic_grpo.tasks.literals.values_equal`.
 
 Typical use::
 
