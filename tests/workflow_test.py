@@ -5,6 +5,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import references
@@ -107,7 +108,7 @@ class WorkflowTest(parameterized.TestCase):
     for r, t in zip(refs, tasks):
       self.assertIn(" got ", r[debug].opening)
       self.assertNotEqual(r[code].output, r[debug].output)
-      self.assertEqual(r[debug].output, stages.compact_reference(t) + "</debug>")
+      self.assertEqual(r[debug].output, code_parsing.compact_reference(t) + "</debug>")
 
   def test_reference_fix_fraction(self):
     wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=0.5), self.pool)
@@ -122,7 +123,7 @@ class WorkflowTest(parameterized.TestCase):
     plain = workflow.Workflow(workflow.WorkflowConfig(stages=("code",),
                                                       reference_fix_fraction=1.0), self.pool)
     self.assertEqual(references.reference_outputs(plain, self.synthetic[0]),
-                     [stages.compact_reference(self.synthetic[0]) + "</code>"])
+                     [code_parsing.compact_reference(self.synthetic[0]) + "</code>"])
     with self.assertRaisesRegex(ValueError, "reference_fix_fraction"):
       workflow.WorkflowConfig(reference_fix_fraction=1.5)
 

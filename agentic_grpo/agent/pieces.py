@@ -24,6 +24,7 @@ runs on the task's hidden tests. A piece that did not parse leaves its function 
 
 from typing import Any
 
+from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
@@ -75,7 +76,7 @@ class PieceStage(stages_lib.Stage):
     return out
 
   def parse(self, body, episode):
-    return stages_lib.parse_code(body, _piece(episode, self.index).as_task(episode.task.task_id))
+    return code_parsing.parse_code(body, _piece(episode, self.index).as_task(episode.task.task_id))
 
   def apply(self, episode, parsed):
     episode.code = (episode.code or "") + parsed

@@ -18,6 +18,7 @@ import collections
 import hashlib
 from typing import Optional
 
+from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
@@ -76,7 +77,7 @@ def reference_segments(wf: workflow_lib.Workflow, task: task_lib.Task
     if miss is not None and isinstance(stage, stages_lib.CodeStage):
       body = miss.expression(task.param_names[0])  # the failing first attempt
     elif miss is not None and is_debug and not fixed:
-      body, fixed = stages_lib.compact_reference(task), True  # the fix
+      body, fixed = code_parsing.compact_reference(task), True  # the fix
     else:
       body = stage.reference_output(ep)
     try:

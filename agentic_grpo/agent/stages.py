@@ -5,6 +5,7 @@ workflow's prompt format), parses the output (`parse`, raising `episodes.ParseEr
 it on the episode (`apply`), scores a batch (`score`, one sandbox pool call) and knows its
 ideal output (`reference_output`). Stage classes are registered by kind in `STAGES` (the config's
 `workflow.stages` vocabulary); `Stage.expand` builds a kind's stages (`debug` -> `debug_1..R`).
+Code outputs are read by `code_parsing` (`parse_code`, `compact_reference`).
 
 Stage rewards (the design doc's stage rewards), each in [0, 1]:
   - hypothesis: 1 if the predicted value equals the reference output on the probe;
@@ -17,12 +18,10 @@ Stage rewards (the design doc's stage rewards), each in [0, 1]:
 With `reward_mode='all_pass'` the code-running rewards are 1 if every test passes, else 0.
 """
 
-import ast
-import re
 from typing import Any, Optional, Sequence
-import warnings
 
 from agentic_grpo import registry
+from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
@@ -38,65 +37,8 @@ ALL_PASS = "all_pass"
 REWARD_MODES = (FRACTION, ALL_PASS)
 REFERENCE_DEBUG = (KEEP, "restate")
 UNPARSED = object()  # the parsed value of an unparseable output
-_MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
-# The file name model outputs are parsed under: the compiler's SyntaxWarnings about them
-# (`1if x else y`: "invalid decimal literal") say nothing about the run and are not shown.
-_MODEL_SOURCE = "<model output>"
-warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_MODEL_SOURCE) + r"\Z")
-
 def _short(value_text: str, limit: int) -> str:
   return value_text if len(value_text) <= limit else value_text[:limit - 3] + "..."
-
-
-def parse_code(body: str, task: task_lib.Task) -> str:
-  """Runnable source for a code-stage output.
-
-  Accepted forms: a one-line expression of the task's parameters (`sorted(x)`, wrapped into
-  `def f(x): return sorted(x)`); a module defining `entry_point`; both prefixed with the task's
-  `code_context`; or a continuation of a prompt that ends inside the entry point
-  (HumanEval-style completion, prefixed with the prompt).
-
-  Raises:
-    episodes.ParseError: if the text is none of these.
-  """
-  stripped = body.strip()
-  if not stripped:
-    raise episodes_lib.ParseError("empty code")
-  if len(body) > _MAX_OUTPUT_CHARS:
-    raise episodes_lib.ParseError(f"code longer than {_MAX_OUTPUT_CHARS} characters")
-  if "\n" not in stripped:
-    try:
-      ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")
-      params = ",".join(task.param_names)
-      return f"{task.code_context}def {task.entry_point}({params}): return {stripped}\n"
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-      pass
-  for prefix, text in ((task.code_context, stripped + "\n"), (task.prompt, body + "\n")):
-    if prefix is task.prompt and f"def {task.entry_point}(" not in task.prompt:
-      continue
-    source = prefix + text
-    try:
-      tree = ast.parse(source, filename=_MODEL_SOURCE)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-      continue
-    if any(isinstance(n, ast.FunctionDef) and n.name == task.entry_point for n in tree.body):
-      return source
-  raise episodes_lib.ParseError(
-      f"neither an expression nor a definition of {task.entry_point!r}")
-
-
-def compact_reference(task: task_lib.Task) -> Optional[str]:
-  """`EXPR` of a one-line reference `def f(params): return EXPR`, else the full source (None
-  without a reference solution)."""
-  ref = task.reference_solution
-  if ref is None:
-    return None
-  m = re.fullmatch(r"def\s+(\w+)\(([^)]*)\):\s*return\s+(.+?)\s*", ref)
-  if m and m.group(1) == task.entry_point:
-    params = tuple(p.strip() for p in m.group(2).split(",") if p.strip())
-    if params == task.param_names and "\n" not in m.group(3):
-      return m.group(3)
-  return ref
 
 
 def _is_copy(example: task_lib.Example, others: Sequence[task_lib.Example]) -> bool:
@@ -172,7 +114,7 @@ class HypothesisStage(Stage):
     return out
 
   def parse(self, body, episode):
-    if len(body) > _MAX_OUTPUT_CHARS:
+    if len(body) > code_parsing.MAX_OUTPUT_CHARS:
       raise episodes_lib.ParseError("hypothesis too long")
     try:
       return task_lib.parse_value(body)
@@ -204,7 +146,7 @@ class CodeStage(Stage):
   kind = "code"
 
   def parse(self, body, episode):
-    return parse_code(body, episode.task)
+    return code_parsing.parse_code(body, episode.task)
 
   def apply(self, episode, parsed):
     episode.code = parsed
@@ -214,7 +156,7 @@ class CodeStage(Stage):
                           all_pass=self.config.reward_mode == ALL_PASS)
 
   def reference_output(self, episode):
-    return compact_reference(episode.task) or ""
+    return code_parsing.compact_reference(episode.task) or ""
 
 
 def _public_scores(episodes, parsed, pool, guard, with_verified, all_pass=False):
@@ -247,7 +189,7 @@ class TestsStage(Stage):
   kind = "tests"
 
   def parse(self, body, episode):
-    if len(body) > _MAX_OUTPUT_CHARS:
+    if len(body) > code_parsing.MAX_OUTPUT_CHARS:
       raise episodes_lib.ParseError("tests too long")
     lines = [l for l in body.split("\n") if l.strip()][:self.config.num_agent_tests]
     tests = []
@@ -387,7 +329,7 @@ class DebugStage(Stage):
   def parse(self, body, episode):
     if body.strip() == KEEP:
       return KEEP
-    return parse_code(body, episode.task)
+    return code_parsing.parse_code(body, episode.task)
 
   def apply(self, episode, parsed):
     if parsed != KEEP:
@@ -400,7 +342,7 @@ class DebugStage(Stage):
   def reference_output(self, episode):
     if self.config.reference_debug == KEEP:
       return KEEP
-    return compact_reference(episode.task) or KEEP
+    return code_parsing.compact_reference(episode.task) or KEEP
 
   def reference_observation(self, episode: episodes_lib.Episode, attempt=None) -> str:
     """The observation of a reference episode.
