@@ -60,11 +60,11 @@ def write_random_checkpoint(path: str, hf: dict, shard_bytes: int, seed: int = 0
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   from agentic_grpo.models import hf_config  # pylint: disable=g-import-not-at-top
-  from agentic_grpo.models import hf_import  # pylint: disable=g-import-not-at-top
+  from agentic_grpo.models import hf_layout  # pylint: disable=g-import-not-at-top
 
   os.makedirs(path, exist_ok=True)
   config = hf_config.model_config_from_hf(hf)
-  specs = sorted(hf_import.tensor_specs(config).values(), key=lambda s: s.name)
+  specs = sorted(hf_layout.tensor_specs(config).values(), key=lambda s: s.name)
   rng = np.random.default_rng(seed)
   groups, current, size = [], [], 0
   for spec in specs:
@@ -109,6 +109,7 @@ def measure(path: str) -> dict:
 
   from agentic_grpo import parallel  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import hf_import  # pylint: disable=g-import-not-at-top
+  from agentic_grpo.models import hf_layout  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import placement  # pylint: disable=g-import-not-at-top
 
   mesh = parallel.make_mesh((2, 2, 2))
@@ -117,14 +118,14 @@ def measure(path: str) -> dict:
     f.write("5")  # reset VmHWM to the current RSS
   rss_before = _vm_hwm()
   largest = [0]
-  original = hf_import.read_slice
+  original = hf_layout.read_slice
 
   def counting(*args, **kwargs):
     block = original(*args, **kwargs)
     largest[0] = max(largest[0], block.nbytes)
     return block
 
-  hf_import.read_slice = counting
+  hf_layout.read_slice = counting
   tracemalloc.start()
   config, params = hf_import.load_hf_checkpoint(
       path, shardings=lambda c: placement.shard_model(c, mesh).param_shardings)

@@ -4,7 +4,7 @@ The directory holds the files `save_pretrained` writes and `from_pretrained` rea
 `config.json` (`hf_config.hf_config_from_model`, keeping the source
 checkpoint's other keys), `model.safetensors` or index-sharded
 `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`
-(tensor names and layouts of the table in `hf_import`, in the param dtype,
+(tensor names and layouts of the table in `hf_layout`, in the param dtype,
 metadata `format: pt`), `generation_config.json` and the tokenizer files of
 the source checkpoint.
 
@@ -28,7 +28,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from agentic_grpo.models import hf_config
-from agentic_grpo.models import hf_import
+from agentic_grpo.models import hf_layout
 from agentic_grpo.models import transformer
 
 # Files of a checkpoint directory that describe the tokenizer (copied as they are).
@@ -39,7 +39,7 @@ DEFAULT_SHARD_BYTES = 2 << 30
 
 
 def to_hf_tensor(x: np.ndarray, kind: str) -> np.ndarray:
-  """One parameter (our layout) as its Hugging Face tensor (see `hf_import.TensorSpec`)."""
+  """One parameter (our layout) as its Hugging Face tensor (see `hf_layout.TensorSpec`)."""
   if kind == "same":
     return x
   if kind == "t":
@@ -136,7 +136,7 @@ def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, 
     raise ValueError(f"export directory {out_dir!r} exists and is not empty")
   base = hf_config.read_config(source_dir) if source_dir else None
   hf = hf_config.hf_config_from_model(config, base)
-  specs = hf_import.tensor_specs(config, "model.")
+  specs = hf_layout.tensor_specs(config, "model.")
   flat = traverse_util.flatten_dict(nnx.to_pure_dict(params))
   if set(flat) != set(specs):
     raise ValueError(f"params do not match the model config: differing paths "

@@ -15,21 +15,8 @@ Two steps, so that every check happens before any device memory is spent:
    only the slices its devices hold, and its host staging memory is one
    device block at a time.
 
-| Hugging Face tensor (`model.` prefix) | shape | parameter | shape |
-|---|---|---|---|
-| `embed_tokens.weight` | `[V, D]` | `embed` | `[V, D]` |
-| `lm_head.weight` (untied only) | `[V, D]` | `lm_head` | `[D, V]` |
-| `layers.i.self_attn.{q,k,v}_proj.weight` | `[H·Dh, D]` | `layers.i.attn.{q,k,v}` | `[D, H, Dh]` |
-| `layers.i.self_attn.{q,k,v}_proj.bias` (Qwen2) | `[H·Dh]` | `layers.i.attn.{q,k,v}_bias` | `[H, Dh]` |
-| `layers.i.self_attn.{q,k}_norm.weight` (Qwen3) | `[Dh]` | `layers.i.attn.{q,k}_norm.scale` | `[Dh]` |
-| `layers.i.self_attn.o_proj.weight` | `[D, H·Dh]` | `layers.i.attn.o` | `[H, Dh, D]` |
-| `layers.i.mlp.{gate,up}_proj.weight` | `[F, D]` | `layers.i.mlp.{gate,up}` | `[D, F]` |
-| `layers.i.mlp.down_proj.weight` | `[D, F]` | `layers.i.mlp.down` | `[F, D]` |
-| `layers.i.{input,post_attention}_layernorm.weight` | `[D]` | `layers.i.{attn,mlp}_norm.scale` | `[D]` |
-| `norm.weight` | `[D]` | `final_norm.scale` | `[D]` |
-
-Rotary embeddings use the same "rotate half" layout as Hugging Face, so q/k
-need no permutation. `hf_export` writes the same table the other way.
+The table of Hugging Face tensors and our parameters (`hf_layout.tensor_specs`), and the
+reading of one block of a parameter from its tensor (`hf_layout.read_slice`), are `hf_layout`'s.
 """
 
 import dataclasses
@@ -45,62 +32,12 @@ import numpy as np
 from safetensors import safe_open
 
 from agentic_grpo.models import hf_config
+from agentic_grpo.models import hf_layout
 from agentic_grpo.models import transformer
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # safetensors dtype names a checkpoint tensor may be stored in (cast to the param dtype on read).
 ALLOWED_TENSOR_DTYPES = ("BF16", "F16", "F32")
-
-# How a parameter is laid out relative to its Hugging Face tensor:
-# same: identical; t: transposed (2-D); in_heads: [H·Dh, D] -> [D, H, Dh];
-# out_heads: [D, H·Dh] -> [H, Dh, D]; bias_heads: [H·Dh] -> [H, Dh].
-_KINDS = ("same", "t", "in_heads", "out_heads", "bias_heads")
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-  """One parameter's Hugging Face tensor.
-
-  Attributes:
-    name: tensor name in the safetensors files.
-    hf_shape: its shape there.
-    kind: one of `same`, `t`, `in_heads`, `out_heads`, `bias_heads`.
-  """
-  name: str
-  hf_shape: tuple[int, ...]
-  kind: str
-
-
-def tensor_specs(c: transformer.ModelConfig, prefix: str = "model.") -> dict[tuple, TensorSpec]:
-  """Parameter path (as in `nnx.to_pure_dict`) -> its Hugging Face tensor, for `c`."""
-  d, h, kv, dh, f, v = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.mlp_dim, c.vocab_size
-  specs = {("embed",): TensorSpec(f"{prefix}embed_tokens.weight", (v, d), "same"),
-           ("final_norm", "scale"): TensorSpec(f"{prefix}norm.weight", (d,), "same")}
-  if not c.tie_embeddings:
-    specs[("lm_head",)] = TensorSpec("lm_head.weight", (v, d), "t")
-  for i in range(c.n_layers):
-    p, a = f"{prefix}layers.{i}.", ("layers", i, "attn")
-    for name, heads in (("q", h), ("k", kv), ("v", kv)):
-      specs[a + (name,)] = TensorSpec(f"{p}self_attn.{name}_proj.weight", (heads * dh, d),
-                                      "in_heads")
-      if c.qkv_bias:
-        specs[a + (f"{name}_bias",)] = TensorSpec(f"{p}self_attn.{name}_proj.bias",
-                                                  (heads * dh,), "bias_heads")
-    if c.qk_norm:
-      for name in ("q", "k"):
-        specs[a + (f"{name}_norm", "scale")] = TensorSpec(f"{p}self_attn.{name}_norm.weight",
-                                                          (dh,), "same")
-    specs[a + ("o",)] = TensorSpec(f"{p}self_attn.o_proj.weight", (d, h * dh), "out_heads")
-    m = ("layers", i, "mlp")
-    specs[m + ("gate",)] = TensorSpec(f"{p}mlp.gate_proj.weight", (f, d), "t")
-    specs[m + ("up",)] = TensorSpec(f"{p}mlp.up_proj.weight", (f, d), "t")
-    specs[m + ("down",)] = TensorSpec(f"{p}mlp.down_proj.weight", (d, f), "t")
-    specs[("layers", i, "attn_norm", "scale")] = TensorSpec(f"{p}input_layernorm.weight", (d,),
-                                                            "same")
-    specs[("layers", i, "mlp_norm", "scale")] = TensorSpec(
-        f"{p}post_attention_layernorm.weight", (d,), "same")
-  return specs
-
 
 @dataclasses.dataclass(frozen=True)
 class HFCheckpoint:
@@ -111,13 +48,13 @@ class HFCheckpoint:
     hf: the parsed `config.json`.
     config: the `ModelConfig` (with the requested dtypes).
     files: tensor name -> safetensors file.
-    specs: parameter path -> `TensorSpec`.
+    specs: parameter path -> `hf_layout.TensorSpec`.
   """
   path: str
   hf: dict[str, Any]
   config: transformer.ModelConfig
   files: dict[str, str]
-  specs: dict[tuple, TensorSpec]
+  specs: dict[tuple, hf_layout.TensorSpec]
 
 
 def _tensor_files(path: str) -> dict[str, str]:
@@ -177,7 +114,7 @@ def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoi
   config = hf_config.model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
   files = _tensor_files(path)
   prefix = "model." if any(n.startswith("model.") for n in files) else ""
-  specs = tensor_specs(config, prefix)
+  specs = hf_layout.tensor_specs(config, prefix)
   expected = {s.name: s.hf_shape for s in specs.values()}
   missing = sorted(set(expected) - set(files))
   if missing:
@@ -204,65 +141,6 @@ def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoi
       raise ValueError(f"tensor {name!r} is stored as {stored}; allowed: "
                        f"{list(ALLOWED_TENSOR_DTYPES)}")
   return HFCheckpoint(path, hf, config, files, specs)
-
-
-def _bounds(index: tuple, shape: tuple[int, ...]) -> list[tuple[int, int]]:
-  """Concrete `(start, stop)` per axis of a `make_array_from_callback` index."""
-  out = []
-  for sl, n in zip(tuple(index) + (slice(None),) * (len(shape) - len(index)), shape):
-    start, stop, step = sl.indices(n)
-    if step != 1:
-      raise ValueError(f"strided shard index {sl} is not supported")
-    out.append((start, stop))
-  return out
-
-
-def read_slice(tensor, kind: str, head_dim: int, index: tuple,
-               shape: tuple[int, ...]) -> np.ndarray:
-  """The `index` block of a parameter (our layout) from a lazy safetensors slice.
-
-  Args:
-    tensor: `safe_open(...).get_slice(name)` (or anything sliceable like it).
-    kind: the layout relation (`TensorSpec.kind`).
-    head_dim: `Dh`, to split `H·Dh` rows into whole heads.
-    index: tuple of slices into the parameter of shape `shape`.
-    shape: the parameter's (our layout) shape.
-
-  Returns:
-    The block as a NumPy array in the tensor's stored dtype. Only the heads,
-    rows and columns the block needs are read (for the head kinds: whole
-    heads, then the `head_dim` sub-range).
-  """
-  b = _bounds(index, shape)
-  s = lambda i: slice(*b[i])  # pylint: disable=unnecessary-lambda-assignment
-  if kind == "same":
-    return tensor[tuple(s(i) for i in range(len(shape)))]
-  if kind == "t":
-    return tensor[s(1), s(0)].T
-  (h0, h1), (k0, k1) = (b[1], b[2]) if kind == "in_heads" else (b[0], b[1])
-  rows = slice(h0 * head_dim, h1 * head_dim)
-  if kind == "in_heads":  # [H·Dh, D] rows of heads h0..h1 -> [D, H, Dh]
-    x = tensor[rows, s(0)]
-    return x.reshape(h1 - h0, head_dim, -1)[:, k0:k1].transpose(2, 0, 1)
-  if kind == "out_heads":  # [D, H·Dh] columns of heads h0..h1 -> [H, Dh, D]
-    x = tensor[s(2), rows]
-    return x.reshape(-1, h1 - h0, head_dim)[:, :, k0:k1].transpose(1, 2, 0)
-  if kind == "bias_heads":
-    return tensor[rows].reshape(h1 - h0, head_dim)[:, k0:k1]
-  raise ValueError(f"unknown tensor kind {kind!r}; known: {_KINDS}")
-
-
-def _param_shape(spec: TensorSpec, head_dim: int) -> tuple[int, ...]:
-  hs = spec.hf_shape
-  if spec.kind == "same":
-    return hs
-  if spec.kind == "t":
-    return hs[::-1]
-  if spec.kind == "in_heads":
-    return (hs[1], hs[0] // head_dim, head_dim)
-  if spec.kind == "out_heads":
-    return (hs[1] // head_dim, head_dim, hs[0])
-  return (hs[0] // head_dim, head_dim)
 
 
 def _single_device_shardings(abstract: nnx.State) -> Any:
@@ -323,10 +201,10 @@ _READ_CHUNK_BYTES = 16 << 20
 _ROW_AXIS = {"same": 0, "t": 1, "in_heads": 1, "out_heads": 2, "bias_heads": 0}
 
 
-def _read_block(tensor, spec: TensorSpec, head_dim: int, index: tuple, shape: tuple[int, ...],
-                dtype: np.dtype) -> np.ndarray:
-  """`read_slice` cast to `dtype`, read in pieces of at most ~`_READ_CHUNK_BYTES`."""
-  bounds = _bounds(index, shape)
+def _read_block(tensor, spec: hf_layout.TensorSpec, head_dim: int, index: tuple,
+                shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+  """`hf_layout.read_slice` cast to `dtype`, read in pieces of at most ~`_READ_CHUNK_BYTES`."""
+  bounds = hf_layout.bounds(index, shape)
   out = np.empty([b - a for a, b in bounds], dtype)
   axis = _ROW_AXIS[spec.kind]
   hf_row_elems = int(np.prod(spec.hf_shape[1:], dtype=np.int64))
@@ -339,14 +217,16 @@ def _read_block(tensor, spec: TensorSpec, head_dim: int, index: tuple, shape: tu
     hi = min(stop, lo + step)
     sub = list(bounds)
     sub[axis] = (lo, hi)
-    piece = read_slice(tensor, spec.kind, head_dim, tuple(slice(a, b) for a, b in sub), shape)
+    piece = hf_layout.read_slice(tensor, spec.kind, head_dim,
+                                 tuple(slice(a, b) for a, b in sub), shape)
     target = [slice(None)] * len(shape)
     target[axis] = slice(lo - start, hi - start)
     out[tuple(target)] = piece
   return out
 
 
-def _load_one(tensor, spec: TensorSpec, head_dim: int, sharding, dtype: np.dtype) -> jax.Array:
+def _load_one(tensor, spec: hf_layout.TensorSpec, head_dim: int, sharding,
+              dtype: np.dtype) -> jax.Array:
   """One global array from this process's device blocks.
 
   Each distinct block is read and cast once and put on its first device right
@@ -355,11 +235,11 @@ def _load_one(tensor, spec: TensorSpec, head_dim: int, sharding, dtype: np.dtype
   (`jax.make_array_from_callback` would hold every local block of the tensor
   until all of them are read).
   """
-  shape = _param_shape(spec, head_dim)
+  shape = hf_layout.param_shape(spec, head_dim)
   placed: dict[tuple, jax.Array] = {}
   shards = []
   for device, index in sharding.addressable_devices_indices_map(shape).items():
-    key = tuple(map(tuple, _bounds(index, shape)))
+    key = tuple(map(tuple, hf_layout.bounds(index, shape)))
     if key in placed:
       shards.append(jax.device_put(placed[key], device))
       continue
