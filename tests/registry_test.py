@@ -86,7 +86,7 @@ class TaskSourceTest(absltest.TestCase):
 
   def test_synthetic_source_from_the_task_section(self):
     self.assertEqual(sources.TASK_SOURCES.names(), ("synthetic", "humaneval", "mbpp", "jsonl",
-                                                     "long_horizon"))
+                                                     "stdio", "tfds", "long_horizon"))
     section = config_lib.TaskSection(seed=3, depths=(1, 2), split_by="task")
     tasks = sources.TASK_SOURCES.get("synthetic")(section)
     want = synthetic.SyntheticTasks(synthetic.SyntheticConfig(
@@ -98,7 +98,8 @@ class TaskSourceTest(absltest.TestCase):
 
   def test_config_validates_task_source(self):
     with self.assertRaisesRegex(ValueError, r"config.task.source must be one of "
-                                r"\('synthetic', 'humaneval', 'mbpp', 'jsonl', 'long_horizon'\), "
+                                r"\('synthetic', 'humaneval', 'mbpp', 'jsonl', 'stdio', 'tfds', "
+                                r"'long_horizon'\), "
                                 r"got 'apps'"):
       config_lib.TaskSection(source="apps").validate("task")
 

@@ -6,6 +6,8 @@ import tempfile
 
 from absl.testing import absltest
 
+from agentic_grpo import config as config_lib
+from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.tasks import tfds_builder
@@ -66,6 +68,25 @@ class TfdsBuilderTest(absltest.TestCase):
     shards = [[t.task_id for t in tfds_builder.task_dataset(self.source["train"], shard_index=i,
                                                              shard_count=3)] for i in range(3)]
     self.assertCountEqual(sum(shards, []), ids)
+
+  def test_task_source_registry(self):
+    section = config_lib.TaskSection(source="tfds", path=self.data_dir,
+                                     tfds_name=f"{tfds_builder.NAME}/tiny")
+    section.validate("task")
+    tasks = sources.TASK_SOURCES.get("tfds")(section)
+    gen = synthetic.SyntheticTasks(self.builder.builder_config.generator)
+    for split in synthetic.SPLITS:
+      self.assertEqual(tasks.size(split), len(self.source[split]))
+      want = tfds_builder.decode_task(self.source[split][1])
+      self.assertEqual(tasks.task(split, 1), want)
+      self.assertEqual(tasks.task(split, 1 + tasks.size(split)), want)  # wraps around
+      index = int(want.task_id.rsplit("-", 1)[1])
+      self.assertEqual(want, gen.task(split, index))
+    with self.assertRaisesRegex(ValueError, r"config\.task\.tfds_name"):
+      config_lib.TaskSection(source="tfds", path=self.data_dir).validate("task")
+    with self.assertRaisesRegex(ValueError, "no readable split"):
+      sources.TASK_SOURCES.get("tfds")(config_lib.TaskSection(
+          source="tfds", path=self.data_dir, tfds_name="no_such_set/x"))
 
   def test_no_tensorflow(self):
     self.assertNotIn("tensorflow", sys.modules)

@@ -27,7 +27,11 @@ models write it (`split_output` returns the body the stage parsers in `agent.sta
 * code and debug: the last *closed* fenced code block (```` ```python ... ``` ````); debug
   also accepts a `keep` line (the code stays). An unclosed block is unparseable (reward 0).
 * tests: `assert f(ARGS) == EXPECTED` lines (read with `ast`) or `ARGS -> EXPECTED` lines,
-  anywhere in the answer, rewritten as `ARGS->EXPECTED`.
+  anywhere in the answer, rewritten as `ARGS->EXPECTED` (a `stdio` task's tests are
+  `'INPUT' -> 'OUTPUT'` lines of string literals).
+
+The instructions depend on the task's kind (`Task.kind`): a `stdio` task asks for a whole
+program reading standard input (`STDIO_INSTRUCTIONS`); its hypothesis stage has no reward.
 * hypothesis: the last non-empty line, without an `Answer:` prefix or backticks.
 """
 
@@ -50,6 +54,16 @@ INSTRUCTIONS = {
     "debug": "These are the results of your code. Reply with the corrected function in one "
              "```python code block, or reply `keep` if it is correct.",
     "pieces": "Write this piece of the program, a function of x, in one ```python code block.",
+}
+# A `stdio` task (a whole program on stdin/stdout) asks for a program and string tests.
+STDIO_INSTRUCTIONS = {
+    "hypothesis": "State the key idea of a solution in one line.",
+    "code": "Write a complete Python program that reads the input from standard input and "
+            "prints the answer, in one ```python code block.",
+    "tests": "Write new tests for the program, one per line, as `'INPUT' -> 'OUTPUT'` with "
+             "Python string literals (\\n for a line break).",
+    "debug": "These are the results of your program. Reply with the corrected program in one "
+             "```python code block, or reply `keep` if it is correct.",
 }
 _FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _SPECIAL_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>")
@@ -169,14 +183,16 @@ class ChatFormat(prompts.PromptFormat):
       self.delimiters(k)
     return tuple(sorted(set(self.stop_strings)))
 
-  def environment_turn(self, kind: str, turn: prompts.Turn, prompt: str = "") -> str:
+  def environment_turn(self, kind: str, turn: prompts.Turn, prompt: str = "",
+                       task_kind: str = "function") -> str:
     parts = [prompt.rstrip("\n")] if prompt else []
     if turn.lead.strip():
       parts.append(turn.lead.strip())
     if turn.observation is not None:
       parts.append("Results:\n" + _SPECIAL_RE.sub("?", turn.observation))
     self.delimiters(kind)
-    parts.append(INSTRUCTIONS[kind])
+    parts.append(STDIO_INSTRUCTIONS.get(kind, INSTRUCTIONS[kind]) if task_kind == "stdio"
+                 else INSTRUCTIONS[kind])
     content = "\n\n".join(parts)
     if prompt:
       return self._render([content], generation=True)

@@ -25,7 +25,8 @@ warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_MODE
 def parse_code(body: str, task: task_lib.Task) -> str:
   """Runnable source for a code-stage output.
 
-  Accepted forms: a one-line expression of the task's parameters (`sorted(x)`, wrapped into
+  A `stdio` task's output is a whole program (any source that parses). Otherwise, accepted
+  forms: a one-line expression of the task's parameters (`sorted(x)`, wrapped into
   `def f(x): return sorted(x)`); a module defining `entry_point`; both prefixed with the task's
   `code_context`; or a continuation of a prompt that ends inside the entry point
   (HumanEval-style completion, prefixed with the prompt).
@@ -38,6 +39,12 @@ def parse_code(body: str, task: task_lib.Task) -> str:
     raise episodes_lib.ParseError("empty code")
   if len(body) > MAX_OUTPUT_CHARS:
     raise episodes_lib.ParseError(f"code longer than {MAX_OUTPUT_CHARS} characters")
+  if task.kind == task_lib.STDIO:  # a whole program: any module that parses
+    try:
+      ast.parse(stripped, filename=_MODEL_SOURCE)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+      raise episodes_lib.ParseError(f"program does not parse: {e}") from e
+    return stripped + "\n"
   if "\n" not in stripped:
     try:
       ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")

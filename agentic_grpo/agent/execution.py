@@ -3,6 +3,13 @@
 Parsers, rewards and the sandbox pool never raise out of the workflow: `Guard` turns an
 exception of a per-episode callable into a default value and an error count, and
 `run_programs` turns a failed pool call into `None` results (counted once per program).
+
+The one place that knows how a task's kind is judged (`Task.kind`): `program` builds the
+sandbox job of code on examples (a `sandbox.Program` calling the entry point of a `function`
+task; a `sandbox.StdioProgram` of a `stdio` task, under its limits, the run's sandbox limits by
+default), `hidden_program` the final reward's, and `failure_details` reads a result of either
+kind for the debug stage's observation. `reference_failures` checks tasks' reference solutions
+against their own tests (the loaders' optional check at load time).
 """
 
 import ast
@@ -70,6 +77,43 @@ def run_programs(pool, programs: Sequence[Optional[sandbox.Program]], guard: Gua
   return out
 
 
+def stdio_tests(examples: Sequence[task_lib.Example]) -> tuple[sandbox.StdioTest, ...]:
+  """The stdin/stdout tests of a `stdio` task's examples (`((INPUT,), OUTPUT)`)."""
+  return tuple(sandbox.StdioTest(e.args[0], e.expected) for e in examples)
+
+
+def program(task: task_lib.Task, source: str, examples: Sequence[task_lib.Example], pool=None
+            ) -> sandbox.Program | sandbox.StdioProgram:
+  """The sandbox job of `source` on `examples` of `task`, by the task's kind.
+
+  A `function` task gives a `sandbox.Program` of I/O tests of its entry point; a `stdio` task a
+  `sandbox.StdioProgram` of stdin/stdout tests under the task's time and memory limits (those
+  it leaves None from `pool.limits`: the run's `config.sandbox`; `sandbox.Limits()` without
+  one) and float tolerance. Expected values stay in the trusted parent either way.
+
+  Raises:
+    ValueError: from the program's constructor (e.g. no examples for a stdio task).
+  """
+  if task.stdio is None:
+    return sandbox.Program(source, task.entry_point, io_tests=io_tests(examples))
+  spec = task.stdio
+  limits = getattr(pool, "limits", None) or sandbox.Limits()
+  return sandbox.StdioProgram(
+      source, stdio_tests(examples),
+      time_seconds=spec.time_seconds if spec.time_seconds is not None else limits.cpu_seconds,
+      memory_bytes=spec.memory_bytes if spec.memory_bytes is not None else limits.memory_bytes,
+      abs_tol=spec.abs_tol, rel_tol=spec.rel_tol)
+
+
+def failure_details(result) -> tuple[tuple, tuple]:
+  """`(outputs, errors)` per test of a `RunResult` or `StdioResult`, for an observation: a
+  stdio run shows no output (it never leaves the judge), only a failed test's verdict."""
+  if isinstance(result, sandbox.StdioResult):
+    return (), tuple(None if v == sandbox.StdioVerdict.PASSED else v.value
+                     for v in result.verdicts)
+  return tuple(result.outputs), tuple(result.test_errors)
+
+
 def io_tests(examples: Sequence[task_lib.Example]) -> tuple[sandbox.IOTest, ...]:
   """The sandbox's I/O tests for task examples."""
   return tuple(sandbox.IOTest(e.args, e.expected) for e in examples)
@@ -85,14 +129,18 @@ def _check_function(script: str) -> Optional[str]:
   return "check" if defines else None
 
 
-def hidden_program(task: task_lib.Task, source: str) -> sandbox.Program:
-  """`source` run on the task's hidden tests (I/O tests, and its hidden script).
+def hidden_program(task: task_lib.Task, source: str, pool=None
+                   ) -> sandbox.Program | sandbox.StdioProgram:
+  """`source` run on the task's hidden tests (I/O tests, and its hidden script); a `stdio`
+  task's program on its hidden stdin/stdout tests (`program`, limits from `pool`).
 
   A HumanEval-style `check(candidate)` script is split by
   `check_split.split_check`: its `assert candidate(...) == literal` lines
   become I/O tests compared in the trusted parent, the rest stays a script
   test (none when nothing is left).
   """
+  if task.stdio is not None:
+    return program(task, source, task.hidden_tests, pool)
   script = task.hidden_script or None
   tests = io_tests(task.hidden_tests)
   check = _check_function(script) if script else None
@@ -126,3 +174,36 @@ def drop_failing_public_examples(tasks: Sequence[task_lib.Task], pool
       out.append(t if len(kept) == len(t.public_examples)
                  else dataclasses.replace(t, public_examples=kept))
   return out
+
+
+def reference_failures(tasks: Sequence[task_lib.Task], pool) -> list[Optional[str]]:
+  """Why each task's reference solution fails its own tests, or None (one pool call).
+
+  A reference is run on the task's hidden tests (and, for a `stdio` task, its public ones
+  too: a statement's samples are part of the problem; a function task's docstring examples
+  are sometimes wrong, see `drop_failing_public_examples`). None for tasks without a reference
+  and, logged, when the sandbox pool fails (the check is then inconclusive).
+  """
+  def job(t):
+    if t.stdio is not None:
+      return program(t, t.reference_solution, t.public_examples + t.hidden_tests, pool)
+    return hidden_program(t, t.reference_solution, pool)
+  guard = Guard("reference_check", collections.Counter())
+  programs = [guard(lambda t=t: job(t), None) if t.reference_solution is not None else None
+              for t in tasks]
+  results = run_programs(pool, programs, guard)
+  out = []
+  for r in results:
+    if r is None or (r.num_tests > 0 and r.num_passed == r.num_tests):
+      out.append(None)
+    else:
+      verdict = getattr(r.verdict, "value", str(r.verdict))
+      out.append(f"reference solution fails its own tests: {r.num_passed}/{r.num_tests} "
+                 f"passed ({verdict}: {_short(r.error)})")
+  return out
+
+
+def _short(text: Optional[str], limit: int = 120) -> str:
+  """`text` (None: "") cut to `limit` characters."""
+  text = "" if text is None else str(text)
+  return text if len(text) <= limit else text[:limit] + "..."

@@ -65,9 +65,11 @@ class PromptFormat(abc.ABC):
     """
 
   @abc.abstractmethod
-  def environment_turn(self, kind: str, turn: Turn, prompt: str = "") -> str:
+  def environment_turn(self, kind: str, turn: Turn, prompt: str = "",
+                       task_kind: str = "function") -> str:
     """The text before stage `kind`'s output: `prompt` (the task prompt, first stage only),
-    the turn's lead and observation, and the stage's opening."""
+    the turn's lead and observation, and the stage's opening. `task_kind` is the task's
+    `Task.kind` (`function` or `stdio`), for formats whose instructions depend on it."""
 
   def stop_tokens(self, kinds: Sequence[str]) -> tuple[str, ...]:
     """The closing delimiters of stages `kinds`, sorted (the sampler's stop tokens)."""
@@ -115,6 +117,8 @@ class TagsFormat(PromptFormat):
                        f"known: {tuple(DELIMITERS)}")
     return DELIMITERS[kind]
 
-  def environment_turn(self, kind: str, turn: Turn, prompt: str = "") -> str:
+  def environment_turn(self, kind: str, turn: Turn, prompt: str = "",
+                       task_kind: str = "function") -> str:
+    del task_kind  # the same markup for every task kind
     obs = "" if turn.observation is None else OBS_OPEN + sanitize(turn.observation) + OBS_CLOSE
     return prompt + turn.lead + obs + self.delimiters(kind)[0]

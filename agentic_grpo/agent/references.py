@@ -73,7 +73,8 @@ def reference_segments(wf: workflow_lib.Workflow, task: task_lib.Task
       turn = prompts.Turn(observation=stage.reference_observation(ep, attempt))
     else:
       turn = stage.turns([ep], None, execution.Guard(stage.name, collections.Counter()))[0]
-    opening = fmt.environment_turn(stage.kind, turn, prompt=task.prompt if k == 0 else "")
+    opening = fmt.environment_turn(stage.kind, turn, prompt=task.prompt if k == 0 else "",
+                                   task_kind=task.kind)
     if miss is not None and isinstance(stage, stages_lib.CodeStage):
       body = miss.expression(task.param_names[0])  # the failing first attempt
     elif miss is not None and is_debug and not fixed:

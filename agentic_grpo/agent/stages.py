@@ -16,6 +16,12 @@ Stage rewards (the design doc's stage rewards), each in [0, 1]:
     trusted parent);
   - debug: fraction of public examples and verified own tests passed by the revised code.
 With `reward_mode='all_pass'` the code-running rewards are 1 if every test passes, else 0.
+
+A `stdio` task (`Task.kind`, competitive programming) runs through the same stages: its code is
+a whole program reading stdin (`parse_code`), its examples and the agent's tests are
+`'INPUT'->'OUTPUT'` lines (one string argument, a string output), and every sandbox job is
+built by `execution.program` (the stdin/stdout judge, under the problem's limits). Its
+hypothesis stage has no reward (the task has no probe: `valid=False`).
 """
 
 from typing import Any, Optional, Sequence
@@ -168,8 +174,8 @@ def _public_scores(episodes, parsed, pool, guard, with_verified, all_pass=False)
     if p is UNPARSED or not tests or ep.code is None:
       programs.append(None)
     else:
-      programs.append(guard(lambda ep=ep, tests=tests: sandbox.Program(
-          ep.code, ep.task.entry_point, io_tests=execution.io_tests(tests)), None))
+      programs.append(guard(lambda ep=ep, tests=tests: execution.program(
+          ep.task, ep.code, tests, pool), None))
   results = execution.run_programs(pool, programs, guard)
   out = []
   for ep, p, r in zip(episodes, parsed, results):
@@ -220,8 +226,8 @@ class TestsStage(Stage):
             fresh.append(t)
       candidates.append(fresh)
       ref = ep.task.reference_solution
-      programs.append(guard(lambda ep=ep, ref=ref, fresh=fresh: sandbox.Program(
-          ref, ep.task.entry_point, io_tests=execution.io_tests(fresh)), None)
+      programs.append(guard(lambda ep=ep, ref=ref, fresh=fresh: execution.program(
+          ep.task, ref, fresh, pool), None)
                       if ref is not None and fresh else None)
     results = execution.run_programs(pool, programs, guard)
     out = []
@@ -278,8 +284,8 @@ class DebugStage(Stage):
     programs = []
     for ep in episodes:
       tests = ep.task.public_examples + ep.own_tests
-      programs.append(guard(lambda ep=ep, tests=tests: sandbox.Program(
-          ep.code, ep.task.entry_point, io_tests=execution.io_tests(tests)), None)
+      programs.append(guard(lambda ep=ep, tests=tests: execution.program(
+          ep.task, ep.code, tests, pool), None)
                       if ep.code is not None and tests else None)
     results = execution.run_programs(pool, programs, guard)
     out = []
@@ -298,9 +304,11 @@ class DebugStage(Stage):
       return "error"
     header = f"{result.num_passed}/{len(tests)}"
     verdict = getattr(result.verdict, "value", str(result.verdict))
-    if result.verdict not in (sandbox.Verdict.PASSED, sandbox.Verdict.FAILED):
+    if result.verdict not in (sandbox.Verdict.PASSED, sandbox.Verdict.FAILED,
+                              sandbox.StdioVerdict.PASSED, sandbox.StdioVerdict.WRONG_ANSWER):
       header += f" {verdict}"
-    return self._format(header, tests, result.passed, result.outputs, result.test_errors)
+    outputs, errors = execution.failure_details(result)
+    return self._format(header, tests, result.passed, outputs, errors)
 
   def _format(self, header: str, tests, passed, outputs, errors) -> str:
     """`header`, then `args->expected got actual` for each failed test, cut to

@@ -278,7 +278,8 @@ class Workflow:
     guard = execution.Guard(stage.name, self.error_counts)
     turns = stage.turns(episodes, self.pool, guard)
     openings = [self.prompt_format.environment_turn(stage.kind, turn,
-                                                    prompt=ep.task.prompt if k == 0 else "")
+                                                    prompt=ep.task.prompt if k == 0 else "",
+                                                    task_kind=ep.task.kind)
                 for ep, turn in zip(episodes, turns)]
     for ep, o in zip(episodes, openings):
       ep.pending_opening = o
@@ -366,7 +367,8 @@ class Workflow:
       time.sleep(self.config.final_reward_delay_s)  # a slow judge
     guard = execution.Guard(FINAL, self.error_counts)
     programs = [None if ep.code is None
-                else guard(lambda ep=ep: execution.hidden_program(ep.task, ep.code), None)
+                else guard(lambda ep=ep: execution.hidden_program(ep.task, ep.code, self.pool),
+                                         None)
                 for ep in episodes]
     results = execution.run_programs(self.pool, programs, guard)
     rewards, passed, total = [], [], []

@@ -5,6 +5,7 @@ import dataclasses
 from agentic_grpo.config import checks
 from agentic_grpo.models import sources as model_sources
 from agentic_grpo.tasks import sources as task_sources
+from agentic_grpo.tasks import stdio_problems
 from agentic_grpo.tasks import synthetic
 
 
@@ -98,6 +99,11 @@ class TaskSection:
     split_seed: finite sources: seed of that split rule.
     on_error: finite sources: `skip` (log and count malformed rows) or `raise` (stop at the
       first, naming file, row and field).
+    stdio_layout: `stdio` source: the JSONL layout, `auto` (detected per row) or
+      `codecontests`, `apps`, `taco`, `livecodebench` (`tasks.stdio_problems`).
+    check_references: finite sources: run each reference solution on its own tests in the
+      sandbox at load time and skip (or raise for) a problem it fails.
+    tfds_name: `tfds` source: the prepared data set (`synthetic_coding/tiny`) in `path`.
   """
   source: str = "synthetic"
   seed: int = 0
@@ -113,6 +119,9 @@ class TaskSection:
   heldout_fraction: float = 0.2
   split_seed: int = 0
   on_error: str = "skip"
+  stdio_layout: str = "auto"
+  check_references: bool = True
+  tfds_name: str = ""
 
   def validate(self, path: str) -> None:
     checks.choice(f"{path}.source", self.source, task_sources.TASK_SOURCES.names())
@@ -131,5 +140,8 @@ class TaskSection:
     checks.check(0.0 < self.heldout_fraction < 1.0, f"{path}.heldout_fraction", "must be in (0, 1)",
                  self.heldout_fraction)
     checks.choice(f"{path}.on_error", self.on_error, ("skip", "raise"))
-    checks.check(self.source not in ("mbpp", "jsonl") or bool(self.path), f"{path}.path",
-                 f"must name the data file of source {self.source!r}", self.path)
+    checks.check(self.source not in ("mbpp", "jsonl", "stdio", "tfds") or bool(self.path),
+                 f"{path}.path", f"must name the data file of source {self.source!r}", self.path)
+    checks.choice(f"{path}.stdio_layout", self.stdio_layout, stdio_problems.STDIO_LAYOUTS)
+    checks.check(self.source != "tfds" or bool(self.tfds_name), f"{path}.tfds_name",
+                 "must name the data set of source 'tfds'", self.tfds_name)

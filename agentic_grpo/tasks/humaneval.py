@@ -63,13 +63,16 @@ def problem_to_task(problem: dict, row: int = 0, path: str = "<humaneval>") -> t
 
 
 def load_humaneval(path: Optional[str] = None, *, on_error: str = "raise",
-                   errors: Optional[list[loading.RowError]] = None) -> list[task_lib.Task]:
+                   errors: Optional[list[loading.RowError]] = None,
+                   check: Optional[loading.Check] = None) -> list[task_lib.Task]:
   """All HumanEval problems as `Task`s, in file order.
 
   Args:
     path: a HumanEval-format JSONL (optionally .gz); the package's bundled file by default.
     on_error: `"raise"` stops at the first malformed row; `"skip"` logs and skips it.
     errors: if given, skipped rows' `RowError`s are appended to it.
+    check: optional reference check (`loading.load_rows`); a failing row's field is
+      `canonical_solution`.
 
   Raises:
     ValueError: for an unknown `on_error`.
@@ -77,4 +80,4 @@ def load_humaneval(path: Optional[str] = None, *, on_error: str = "raise",
   """
   path = path or default_path()
   return loading.load_rows(path, lambda d, row: problem_to_task(d, row, str(path)), on_error,
-                           errors)
+                           errors, check=check, check_field="canonical_solution")

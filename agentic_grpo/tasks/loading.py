@@ -5,7 +5,7 @@ import doctest
 import gzip
 import json
 import zlib
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from absl import logging
 
@@ -75,14 +75,20 @@ def read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
       yield row + 1, RowError(path, row + 1, None, f"unreadable data ({type(e).__name__}: {e})")
 
 
+Check = Callable[[Sequence[task_lib.Task]], Sequence[Optional[str]]]
+
+
 def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error: str,
-              errors: Optional[list[RowError]] = None) -> list[task_lib.Task]:
+              errors: Optional[list[RowError]] = None, *, check: Optional[Check] = None,
+              check_field: Optional[str] = None) -> list[task_lib.Task]:
   """Converts every row of a JSONL file with `convert(row_dict, row_number)`.
 
   `convert` raises `RowError` for a malformed row; any other exception from it is wrapped
   into one (field unknown). With `on_error="raise"` the first error propagates; with `"skip"`
   the row is logged, appended to `errors` (if given) and skipped: no malformed row, whatever
-  its bytes, stops the load.
+  its bytes, stops the load. Then `check`, if given, sees all converted tasks at once (e.g.
+  one sandbox pool call running every reference solution on its own tests) and returns a
+  reason per task, or None: a task with a reason is a malformed row of field `check_field`.
 
   Raises:
     ValueError: for an unknown `on_error`.
@@ -90,7 +96,17 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
     OSError: if `path` cannot be opened.
   """
   check_on_error(on_error)
-  tasks, skipped = [], 0
+  tasks, rows, skipped = [], [], 0
+
+  def reject(err: RowError, cause: Optional[Exception]) -> None:
+    nonlocal skipped
+    if on_error == "raise":
+      raise err from cause
+    skipped += 1
+    logging.warning("skipping malformed row: %s", err)
+    if errors is not None:
+      errors.append(err)
+
   for row, value in read_jsonl(path):
     try:
       if isinstance(value, RowError):
@@ -98,15 +114,22 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
       if not isinstance(value, dict):
         raise RowError(str(path), row, None, f"expected a JSON object, got {type(value).__name__}")
       tasks.append(convert(value, row))
+      rows.append(row)
     except Exception as e:  # pylint: disable=broad-except
       err = e if isinstance(e, RowError) else RowError(
           str(path), row, None, f"{type(e).__name__}: {short_repr(str(e), 200)}")
-      if on_error == "raise":
-        raise err from (None if err is e else e)
-      skipped += 1
-      logging.warning("skipping malformed row: %s", err)
-      if errors is not None:
-        errors.append(err)
+      reject(err, None if err is e else e)
+  if check is not None and tasks:
+    reasons = list(check(tasks))
+    if len(reasons) != len(tasks):
+      raise RuntimeError(f"check returned {len(reasons)} reasons for {len(tasks)} tasks")
+    kept = []
+    for task, row, reason in zip(tasks, rows, reasons):
+      if reason is None:
+        kept.append(task)
+      else:
+        reject(RowError(str(path), row, check_field, reason), None)
+    tasks = kept
   if skipped:
     logging.warning("%s: skipped %d malformed row(s), loaded %d", path, skipped, len(tasks))
   return tasks

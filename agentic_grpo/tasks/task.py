@@ -10,14 +10,23 @@ of them). `format_value` writes them compactly (`[3,1,2]`, `'ab'`) so that byte-
 short prompts, and `parse_value` reads them back with `ast.literal_eval` (never `eval`).
 An example line is `ARGS->EXPECTED`, where ARGS are the call's arguments separated by commas:
 `[3,1,2]->[1,2,3]`, `'ab',2->'abab'`.
+
+Two task kinds (`Task.kind`): `function` (the default: write `entry_point`, called on each
+example's arguments) and `stdio` (competitive programming: write a whole program that reads
+stdin and prints its answer; each example is `Example((INPUT,), OUTPUT)` with both strings,
+written `'1 2\\n'->'3\\n'`, and `Task.stdio` holds the problem's limits and float tolerance).
 """
 
 import ast
 import dataclasses
 import json
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 ARROW = "->"
+FUNCTION = "function"
+STDIO = "stdio"
+TASK_KINDS = (FUNCTION, STDIO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +38,34 @@ class Example:
   def __post_init__(self):
     if not isinstance(self.args, tuple):
       raise ValueError(f"args must be a tuple, got {type(self.args).__name__}: {self.args!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StdioSpec:
+  """How a `stdio` task's programs are judged (`agent.sandbox.stdio`).
+
+  Attributes:
+    time_seconds: CPU seconds per test, or None for the run's default (`config.sandbox.cpu_s`).
+    memory_bytes: address-space cap per test, or None for the run's default
+      (`config.sandbox.memory_mb`); at least 64 MiB (the interpreter's need).
+    abs_tol, rel_tol: tolerance for output tokens that are both numbers (0: exact tokens).
+  """
+  time_seconds: Optional[float] = None
+  memory_bytes: Optional[int] = None
+  abs_tol: float = 0.0
+  rel_tol: float = 0.0
+
+  def __post_init__(self):
+    t, m = self.time_seconds, self.memory_bytes
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)
+                          or not math.isfinite(t) or t <= 0):
+      raise ValueError(f"StdioSpec.time_seconds must be a finite number > 0 or None, got {t!r}")
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 64 * 2**20):
+      raise ValueError(f"StdioSpec.memory_bytes must be an int >= 64 MiB or None, got {m!r}")
+    for name in ("abs_tol", "rel_tol"):
+      v = getattr(self, name)
+      if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"StdioSpec.{name} must be a finite number >= 0, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +88,9 @@ class Task:
     difficulty: source-specific difficulty level (composition depth for synthetic tasks).
     source: `synthetic`, `humaneval`, `mbpp`, ...
     metadata: extra string fields (e.g. the synthetic program).
+    stdio: for a `stdio` task (a whole program judged on stdin/stdout; every example is
+      `((INPUT,), OUTPUT)` with strings), its limits and tolerance; None for a function task.
+      `entry_point` and `signature` are then unused (`main`, `main()` by convention).
   """
   task_id: str
   prompt: str
@@ -66,6 +106,7 @@ class Task:
   difficulty: int = 0
   source: str = ""
   metadata: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  stdio: Optional[StdioSpec] = None
 
   def __post_init__(self):
     if not isinstance(self.task_id, str) or not self.task_id:
@@ -80,11 +121,29 @@ class Task:
       raise ValueError(f"task {self.task_id!r} needs hidden_tests or hidden_script")
     if self.probe is not None and not isinstance(self.probe, tuple):
       raise ValueError(f"probe must be a tuple of arguments or None, got {self.probe!r}")
+    if self.stdio is not None:
+      if not isinstance(self.stdio, StdioSpec):
+        raise ValueError(f"stdio must be a StdioSpec or None, got {type(self.stdio).__name__}")
+      for e in self.public_examples + self.hidden_tests:
+        if not is_stdio_example(e):
+          raise ValueError(f"task {self.task_id!r}: a stdio example must be ((INPUT,), OUTPUT) "
+                           f"with strings, got {e!r:.120}")
+
+  @property
+  def kind(self) -> str:
+    """`stdio` for a task with a `stdio` spec, else `function`."""
+    return FUNCTION if self.stdio is None else STDIO
 
   @property
   def param_names(self) -> tuple[str, ...]:
     """Parameter names from `signature` (raises ValueError if it does not parse)."""
     return signature_params(self.signature)
+
+
+def is_stdio_example(example: Example) -> bool:
+  """Whether `example` is a stdin/stdout test: one str argument (the input), a str output."""
+  return (len(example.args) == 1 and isinstance(example.args[0], str)
+          and isinstance(example.expected, str))
 
 
 def signature_params(signature: str) -> tuple[str, ...]:
@@ -200,6 +259,8 @@ def task_to_dict(task: Task) -> dict[str, Any]:
   d["probe"] = None if task.probe is None else format_value(task.probe)
   d["probe_expected"] = format_value(task.probe_expected)
   d["metadata"] = dict(task.metadata)
+  if task.stdio is not None:  # absent for function tasks (their JSON is unchanged)
+    d["stdio"] = dataclasses.asdict(task.stdio)
   return d
 
 
@@ -252,6 +313,16 @@ def task_from_dict(d: Mapping[str, Any]) -> Task:
     raise ValueError(f"field 'metadata': expected an object of strings, got "
                      f"{type(metadata).__name__}")
   kwargs["metadata"] = dict(metadata)
+  if d.get("stdio") is not None:
+    spec = d["stdio"]
+    names = {f.name for f in dataclasses.fields(StdioSpec)}
+    if not isinstance(spec, Mapping) or set(spec) - names:
+      raise ValueError(f"field 'stdio': expected an object with keys from {sorted(names)}, "
+                       f"got {spec!r:.120}")
+    try:
+      kwargs["stdio"] = StdioSpec(**spec)
+    except ValueError as e:
+      raise ValueError(f"field 'stdio': {e}") from e
   return Task(**kwargs)
 
 

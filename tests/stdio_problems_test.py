@@ -1,0 +1,305 @@
+"""Tests for the `stdio` task source: the four layouts, auto-detection, malformed rows, the
+reference check at load time, and stdio tasks through the workflow's stages and judge."""
+
+import json
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentic_grpo import config as config_lib
+from agentic_grpo.agent import execution
+from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.tasks import loading
+from agentic_grpo.tasks import sources
+from agentic_grpo.tasks import stdio_problems
+from agentic_grpo.tasks import task as task_lib
+
+SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
+MAX = "input()\nprint(max(map(int, input().split())))\n"
+SQUARE = "n = int(input())\nprint(n * n)\n"
+
+
+def codecontests_row(name="sum", solution=SUM, **extra):
+  row = {"name": name, "description": "Print a + b.",
+         "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
+         "private_tests": {"input": ["5 7\n", "-1 1\n"], "output": ["12\n", "0\n"]},
+         "generated_tests": {"input": ["100 1\n"], "output": ["101\n"]},
+         "time_limit": {"seconds": 1, "nanos": 500000000}, "memory_limit_bytes": 268435456,
+         "solutions": {"language": [2, 3], "solution": ["int main() {}", solution]},
+         "difficulty": 7}
+  row.update(extra)
+  return row
+
+
+def apps_row(problem_id=12, solution=MAX, **extra):
+  row = {"problem_id": problem_id, "question": "Print the largest number.",
+         "input_output": json.dumps({"inputs": ["3\n1 5 2\n", "1\n7\n", "2\n-3 -4\n"],
+                                     "outputs": ["5\n", "7\n", "-3\n"]}),
+         "solutions": json.dumps([solution]), "difficulty": "interview"}
+  row.update(extra)
+  return row
+
+
+def taco_row(name="maxnum", **extra):
+  row = apps_row(solution=MAX, time_limit="2 seconds", memory_limit="128 megabytes", name=name)
+  del row["problem_id"]
+  # Lists of lines, as some TACO/APPS rows store them.
+  row["input_output"] = json.dumps({"inputs": [["3", "1 5 2"], ["1", "7"]],
+                                    "outputs": [["5"], ["7"]]})
+  row.update(extra)
+  return row
+
+
+def livecodebench_row(question_id="abc001_a", **extra):
+  case = lambda i, o: {"input": i, "output": o, "testtype": "stdin"}
+  row = {"question_id": question_id, "question_title": "Square",
+         "question_content": "Print the square of n.",
+         "public_test_cases": json.dumps([case("3\n", "9\n")]),
+         "private_test_cases": json.dumps([case("4\n", "16\n"), case("12\n", "144\n")]),
+         "difficulty": "easy", "platform": "atcoder"}
+  row.update(extra)
+  return row
+
+
+class LayoutTest(parameterized.TestCase):
+
+  def test_codecontests(self):
+    t = stdio_problems.row_to_task(codecontests_row(), 1, "cc.jsonl", "codecontests")
+    self.assertEqual(t.kind, task_lib.STDIO)
+    self.assertEqual(t.task_id, "codecontests/sum")
+    self.assertEqual(t.public_examples, (task_lib.Example(("1 2\n",), "3\n"),))
+    self.assertEqual([e.expected for e in t.hidden_tests], ["12\n", "0\n", "101\n"])
+    self.assertEqual(t.reference_solution, SUM)  # the Python 3 one (language 3)
+    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=1.5, memory_bytes=268435456))
+    self.assertEqual(t.difficulty, 7)
+    self.assertIsNone(t.probe)  # no hypothesis reward for stdio tasks
+    self.assertIn("Print a + b.", t.prompt)
+    self.assertIn("'1 2\\n'->'3\\n'", t.prompt)  # the samples, in the tests stage's format
+
+  def test_apps(self):
+    t = stdio_problems.row_to_task(apps_row(), 1, "apps.jsonl", "apps")
+    self.assertEqual(t.task_id, "apps/12")
+    self.assertLen(t.public_examples, 1)
+    self.assertLen(t.hidden_tests, 3)
+    self.assertEqual(t.stdio, task_lib.StdioSpec())  # the run's sandbox limits
+    self.assertEqual(t.difficulty, 1)
+    self.assertEqual(t.reference_solution, MAX)
+
+  def test_taco(self):
+    t = stdio_problems.row_to_task(taco_row(), 4, "taco.jsonl", "taco")
+    self.assertEqual(t.task_id, "taco/maxnum")
+    self.assertEqual(t.public_examples, (task_lib.Example(("3\n1 5 2\n",), "5"),))
+    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=2.0, memory_bytes=128 * 2**20))
+
+  def test_livecodebench(self):
+    t = stdio_problems.row_to_task(livecodebench_row(), 1, "lcb.jsonl", "livecodebench")
+    self.assertEqual(t.task_id, "livecodebench/abc001_a")
+    self.assertEqual(t.public_examples, (task_lib.Example(("3\n",), "9\n"),))
+    self.assertLen(t.hidden_tests, 2)
+    self.assertIsNone(t.reference_solution)
+    self.assertEqual(t.difficulty, 0)
+
+  def test_hidden_tests_default_to_the_public_ones(self):
+    row = codecontests_row(private_tests=None, generated_tests={"input": [], "output": []})
+    t = stdio_problems.row_to_task(row, 1, "cc.jsonl")
+    self.assertEqual(t.hidden_tests, t.public_examples)
+
+  def test_float_tolerance_and_small_memory(self):
+    t = stdio_problems.row_to_task(codecontests_row(float_tolerance=1e-6, rel_tol=0.0,
+                                                    memory_limit_bytes=1000), 1, "cc.jsonl")
+    self.assertEqual((t.stdio.abs_tol, t.stdio.rel_tol), (1e-6, 0.0))
+    self.assertEqual(t.stdio.memory_bytes, stdio_problems.MIN_MEMORY_BYTES)
+
+  @parameterized.parameters(
+      (codecontests_row(), "codecontests"), (apps_row(), "apps"), (taco_row(), "taco"),
+      (livecodebench_row(), "livecodebench"), ({"prompt": "x"}, None))
+  def test_detect_layout(self, row, want):
+    self.assertEqual(stdio_problems.detect_layout(row), want)
+    if want is not None:  # `auto` converts each row as its detected layout
+      self.assertEqual(stdio_problems.row_to_task(row, 1, "x.jsonl"),
+                       stdio_problems.row_to_task(row, 1, "x.jsonl", want))
+
+  def test_json_round_trip(self):
+    t = stdio_problems.row_to_task(codecontests_row(float_tolerance=1e-6), 1, "cc.jsonl")
+    self.assertEqual(task_lib.task_from_json(task_lib.task_to_json(t)), t)
+    function_task = json.loads(task_lib.task_to_json(task_lib.Task(
+        "f/1", "p", "f", "f(x)", hidden_tests=(task_lib.Example((1,), 1),))))
+    self.assertNotIn("stdio", function_task)  # function tasks' JSON is unchanged
+    with self.assertRaisesRegex(ValueError, "field 'stdio'"):
+      task_lib.task_from_dict(dict(json.loads(task_lib.task_to_json(t)),
+                                   stdio={"time_seconds": -1}))
+
+  def test_stdio_examples_must_be_strings(self):
+    with self.assertRaisesRegex(ValueError, "stdio example"):
+      task_lib.Task("s/1", "p", "main", "main()", hidden_tests=(task_lib.Example((1,), "1"),),
+                    stdio=task_lib.StdioSpec())
+
+
+# Malformed rows: (row or raw bytes, the field the error names, a phrase of its message).
+_BAD_ROWS = (
+    ("no_tests", codecontests_row(public_tests={"input": [], "output": []},
+                                  private_tests=None, generated_tests=None),
+     "public_tests", "no tests"),
+    ("not_json_tests", apps_row(input_output="{not json"), "input_output", "not JSON"),
+    ("unequal_counts", codecontests_row(private_tests={"input": ["1 1\n"], "output": []}),
+     "private_tests", "1 inputs but 0 outputs"),
+    ("non_string_test", codecontests_row(public_tests={"input": [1], "output": ["1"]}),
+     "public_tests", "not a str"),
+    ("lone_surrogate", codecontests_row(public_tests={"input": ["\ud800"], "output": ["1"]}),
+     "public_tests", "not UTF-8"),
+    ("huge_output", codecontests_row(
+        generated_tests={"input": ["1 1\n"], "output": ["2" * (2**20 + 1)]}),
+     "generated_tests", "over the judge's output limit"),
+    ("call_based", apps_row(input_output=json.dumps({"fn_name": "f", "inputs": [[1]],
+                                                      "outputs": [1]})),
+     "input_output", "call-based"),
+    ("functional_lcb", livecodebench_row(public_test_cases=json.dumps(
+        [{"input": "1", "output": "1", "testtype": "functional"}])),
+     "public_test_cases", "functional"),
+    ("bad_time_limit", taco_row(time_limit="soon"), "time_limit", "cannot read a limit"),
+    ("bad_tolerance", codecontests_row(abs_tol=-1), "abs_tol", "number >= 0"),
+    ("reference_does_not_parse", codecontests_row(solution="print(("), "solutions",
+     "does not parse"),
+    ("unknown_layout", {"statement": "x"}, None, "cannot detect the layout"),
+    ("not_utf8", b"\xff\xfe{}\n", None, "not UTF-8"),
+)
+
+
+class MalformedRowsTest(parameterized.TestCase):
+
+  def _write(self, rows) -> str:
+    path = os.path.join(self.create_tempdir().full_path, "problems.jsonl")
+    with open(path, "wb") as f:
+      for row in rows:
+        f.write(row if isinstance(row, bytes) else json.dumps(row).encode() + b"\n")
+    return path
+
+  @parameterized.named_parameters(*_BAD_ROWS)
+  def test_raise_names_file_row_and_field(self, bad, field, phrase):
+    path = self._write([codecontests_row(name="good"), bad])
+    with self.assertRaisesRegex(loading.RowError, phrase) as cm:
+      stdio_problems.load_stdio(path, on_error="raise")
+    self.assertEqual((cm.exception.path, cm.exception.row, cm.exception.field),
+                     (path, 2, field))
+
+  def test_skipped_and_counted(self):
+    good = [codecontests_row(name="good"), apps_row(), taco_row(), livecodebench_row()]
+    bad = [row for _, row, _, _ in _BAD_ROWS]
+    path = self._write(good[:2] + bad + good[2:])
+    errors = []
+    tasks = stdio_problems.load_stdio(path, on_error="skip", errors=errors)
+    self.assertEqual([t.task_id for t in tasks], ["codecontests/good", "apps/12", "taco/maxnum",
+                                                  "livecodebench/abc001_a"])
+    self.assertLen(errors, len(_BAD_ROWS))  # 13 rows skipped, each counted
+    self.assertEqual([e.row for e in errors], list(range(3, 3 + len(_BAD_ROWS))))
+
+  def test_layout_is_checked(self):
+    with self.assertRaisesRegex(ValueError, "layout must be one of"):
+      stdio_problems.load_stdio("x.jsonl", layout="codeforces")
+    with self.assertRaisesRegex(ValueError, r"config\.task\.stdio_layout"):
+      config_lib.TaskSection(source="stdio", path="x", stdio_layout="codeforces").validate("task")
+
+
+class JudgedTest(absltest.TestCase):
+  """Reference checks and the workflow's stages on stdio tasks, in a real sandbox."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sandbox.SandboxPool(max_workers=2)
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def test_reference_check_skips_a_failing_reference(self):
+    rows = [codecontests_row(name=f"p{i}") for i in range(6)]
+    rows[2] = codecontests_row(name="wrong", solution="print(0)")
+    rows[4] = apps_row(solution="while True: pass")  # times out: also a failure
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    errors = []
+    check = lambda tasks: execution.reference_failures(tasks, self.pool)
+    tasks = stdio_problems.load_stdio(path, on_error="skip", errors=errors, check=check)
+    self.assertLen(tasks, 4)  # 2 of 6 skipped
+    self.assertEqual([(e.row, e.field) for e in errors], [(3, "solutions"), (5, "solutions")])
+    self.assertIn("1/4 passed (wrong_answer", str(errors[0]))  # `-1 1` gives 0
+    self.assertIn("timeout", str(errors[1]))
+    with self.assertRaisesRegex(loading.RowError, r"row 3, field 'solutions'"):
+      stdio_problems.load_stdio(path, on_error="raise", check=check)
+
+  def test_source_registry_splits_and_checks(self):
+    rows = [codecontests_row(name=f"p{i}") for i in range(8)] + [
+        codecontests_row(name="wrong", solution="print(1)")]
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    section = config_lib.TaskSection(source="stdio", path=path, heldout_fraction=0.5)
+    section.validate("task")
+    tasks = sources.TASK_SOURCES.get("stdio")(section)
+    ids = {t.task_id for t in tasks.train + tasks.heldout}
+    self.assertLen(ids, 8)
+    self.assertNotIn("codecontests/wrong", ids)
+    unchecked = sources.TASK_SOURCES.get("stdio")(
+        config_lib.TaskSection(source="stdio", path=path, heldout_fraction=0.5,
+                               check_references=False))
+    self.assertLen(unchecked.train + unchecked.heldout, 9)
+
+  def test_mbpp_reference_check(self):
+    good = {"task_id": 1, "text": "Add.", "code": "def add(a, b):\n  return a + b\n",
+            "test_list": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]}
+    bad = dict(good, task_id=2, code="def add(a, b):\n  return a - b\n")
+    path = os.path.join(self.create_tempdir().full_path, "mbpp.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in (good, bad))
+    check = lambda tasks: execution.reference_failures(tasks, self.pool)
+    from agentic_grpo.tasks import mbpp  # pylint: disable=g-import-not-at-top
+    errors = []
+    tasks = mbpp.load_mbpp(path, on_error="skip", errors=errors, check=check)
+    self.assertEqual([t.task_id for t in tasks], ["mbpp/1"])
+    self.assertEqual([(e.row, e.field) for e in errors], [(2, "code")])
+
+  def _episode(self, task, outputs):
+    wf = workflow_lib.Workflow(workflow_lib.WorkflowConfig(
+        stages=("hypothesis", "code", "tests", "debug")), self.pool)
+    eps = wf.start([task])
+    results = []
+    for stage, out in zip(wf.stages, outputs):
+      wf.open_stage(eps)
+      results.append(wf.close_stage(eps, [out + stage.close_token]))
+    return eps[0], results, wf.finish(eps)
+
+  def test_workflow_stages_on_a_stdio_task(self):
+    task = stdio_problems.row_to_task(codecontests_row(), 1, "cc.jsonl")
+    ep, results, final = self._episode(task, [
+        "3", SUM, "'2 3\\n'->'5\\n'\n'10 20\\n'->'30'", "keep"])
+    self.assertEqual([bool(r.valid[0]) for r in results], [False, True, True, True])
+    self.assertEqual([float(r.rewards[0]) for r in results], [0.0, 1.0, 1.0, 1.0])
+    self.assertEqual((float(final.rewards[0]), int(final.num_tests[0])), (1.0, 3))
+    self.assertEqual(ep.segments[3].opening, "<obs>3/3</obs><debug>")
+
+    wrong, results, final = self._episode(task, [
+        "3", "print(0)", "'2 3\\n'->'6\\n'\n'1 1\\n'->'2\\n'", "keep"])
+    self.assertEqual([float(r.rewards[0]) for r in results], [0.0, 0.0, 0.5, 0.0])
+    self.assertAlmostEqual(float(final.rewards[0]), 1 / 3)  # `-1 1` -> 0 passes
+    self.assertIn("'1 2\\n'->'3\\n' got wrong_answer", wrong.segments[3].opening)
+
+  def test_problem_limits_and_defaults_reach_the_judge(self):
+    task = stdio_problems.row_to_task(apps_row(), 1, "apps.jsonl")
+    prog = execution.program(task, MAX, task.public_examples, self.pool)
+    self.assertIsInstance(prog, sandbox.StdioProgram)
+    self.assertEqual((prog.time_seconds, prog.memory_bytes),
+                     (self.pool.limits.cpu_seconds, self.pool.limits.memory_bytes))
+    timed = stdio_problems.row_to_task(codecontests_row(float_tolerance=0.01), 1, "cc.jsonl")
+    prog = execution.hidden_program(timed, SUM, self.pool)
+    self.assertEqual((prog.time_seconds, prog.memory_bytes, prog.abs_tol), (1.5, 2**28, 0.01))
+    [result] = self.pool.map([prog])
+    self.assertEqual(result.verdict, sandbox.StdioVerdict.PASSED)
+
+
+if __name__ == "__main__":
+  absltest.main()
