@@ -1,5 +1,7 @@
 """CPU end to end: a tiny random Qwen2-style chat checkpoint trained with Agentic GRPO on
-HumanEval problems in the `chat` prompt format, through `train.run`.
+HumanEval problems, and on competitive-programming problems judged on stdin/stdout (the
+`stdio` source, a JSONL in two layouts written here), in the `chat` prompt format, through
+`train.run`.
 
 The checkpoint is written here: random parameters through `hf_export`, a byte-level BPE
 tokenizer trained in the test on the problems' text, a ChatML chat template and a generation
@@ -74,6 +76,29 @@ def _write_checkpoint(path: str, texts: list[str]) -> dict[str, int]:
   return ids
 
 
+def _stdio_rows() -> list[dict]:
+  """Eight small stdin/stdout problems, four in the CodeContests layout and four in APPS'."""
+  two = "a, b = map(int, input().split())\nprint(a {} b)\n"
+  one = "n = int(input())\nprint({})\n"
+  problems = [  # name, statement, reference, [(input, output)]
+      ("sum", "Print a + b.", two.format("+"), [("1 2", "3"), ("5 7", "12"), ("-1 1", "0")]),
+      ("diff", "Print a - b.", two.format("-"), [("3 1", "2"), ("2 9", "-7"), ("0 0", "0")]),
+      ("square", "Print n squared.", one.format("n * n"), [("3", "9"), ("12", "144")]),
+      ("double", "Print 2n.", one.format("2 * n"), [("4", "8"), ("0", "0"), ("-3", "-6")])]
+  rows = []
+  for name, statement, solution, tests in problems:
+    inputs, outputs = [i + "\n" for i, _ in tests], [o + "\n" for _, o in tests]
+    rows.append({"name": name, "description": statement,
+                 "public_tests": {"input": inputs[:1], "output": outputs[:1]},
+                 "private_tests": {"input": inputs[1:], "output": outputs[1:]},
+                 "time_limit": {"seconds": 1, "nanos": 0}, "memory_limit_bytes": 256 * 2**20,
+                 "solutions": {"language": [3], "solution": [solution]}})
+    rows.append({"problem_id": f"{name}2", "question": statement,
+                 "input_output": json.dumps({"inputs": inputs, "outputs": outputs}),
+                 "solutions": json.dumps([solution])})
+  return rows
+
+
 class ChatRunTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -88,11 +113,41 @@ class ChatRunTest(parameterized.TestCase):
       f.writelines(json.dumps(p) + "\n" for p in problems)
     ckpt = os.path.join(tmp, "ckpt")
     ids = _write_checkpoint(ckpt, [p["prompt"] + p["canonical_solution"] for p in problems])
+    workdir = self._run_and_check(ckpt, ids, {"source": "humaneval", "path": data},
+                                  ("code", "debug"), mesh)
+
+    # The trained run exports as a Hugging Face directory that imports back exactly.
+    _, _, step, params = exporting.restore_params(workdir)
+    self.assertEqual(step, 2)
+    out = exporting.export_run(workdir, os.path.join(tmp, "exported"))
+    reloaded = hf_import.load_hf_checkpoint(out)[1]
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(reloaded), strict=True):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+  def test_stdio_chat_run_is_token_in_token_out_and_resumes(self):
+    """Competitive-programming problems judged on stdin/stdout (`stdio` source, two layouts,
+    references checked in the sandbox at load time), code -> tests -> debug, one device."""
+    tmp = self.create_tempdir().full_path
+    rows = _stdio_rows()
+    data = os.path.join(tmp, "problems.jsonl")
+    with open(data, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    ckpt = os.path.join(tmp, "ckpt")
+    texts = [r.get("description", r.get("question", "")) for r in rows] + [
+        "Write a complete Python program that reads the input from standard input and prints "
+        "the answer.\n```python\nn = int(input())\nprint(n)\n```\n'1 2\\n' -> '3\\n'"]
+    ids = _write_checkpoint(ckpt, texts)
+    task = {"source": "stdio", "path": data, "stdio_layout": "auto"}
+    self._run_and_check(ckpt, ids, task, ("code", "tests", "debug"), {"data": 1})
+
+  def _run_and_check(self, ckpt, ids, task, stages, mesh) -> str:
+    """Two RL updates in the `chat` format (stop after one, resume), recording every sampler
+    call and every row the learner gets; checks token in, token out turn by turn, the loss
+    masks and pass@k in `metrics.jsonl`. Returns the workdir."""
     cfg = config_lib.from_config_dict({
         "model": {"source": "hf", "path": ckpt},
-        "task": {"source": "humaneval", "path": data, "heldout_fraction": 0.5,
-                 "eval_size": 2},
-        "workflow": {"prompt_format": "chat", "stages": ("code", "debug"),
+        "task": dict(task, heldout_fraction=0.5, eval_size=2),
+        "workflow": {"prompt_format": "chat", "stages": stages,
                      "max_new_tokens": 12, "max_obs_chars": 80},
         "rl": {"tasks_per_batch": 1, "group_size": 2, "rows_per_update": 4,
                "buckets": (512,), "batches_in_flight": 1, "num_steps": 2},
@@ -119,7 +174,7 @@ class ChatRunTest(parameterized.TestCase):
                   for e, r, m in zip(episode_ids, stage_rows, masks))
       return add_stage(replay, episode_ids, k, stage_rows, masks, *args)
 
-    workdir = os.path.join(tmp, "run")
+    workdir = os.path.join(os.path.dirname(ckpt), "run")
     with sandbox.SandboxPool(max_workers=2) as pool, \
         mock.patch.object(device_lib, "make_sample_fn", recording_make_sample_fn), \
         mock.patch.object(replay_lib.StagedReplay, "add_stage", recording_add_stage):
@@ -157,14 +212,7 @@ class ChatRunTest(parameterized.TestCase):
     evals = [m for m in metrics if "eval/pass_at_1" in m]
     self.assertNotEmpty(evals)
     self.assertTrue(any("eval/pass_at_2_sampled" in m for m in metrics), sorted(metrics[-1]))
-
-    # The trained run exports as a Hugging Face directory that imports back exactly.
-    _, _, step, params = exporting.restore_params(workdir)
-    self.assertEqual(step, 2)
-    out = exporting.export_run(workdir, os.path.join(tmp, "exported"))
-    reloaded = hf_import.load_hf_checkpoint(out)[1]
-    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(reloaded), strict=True):
-      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    return workdir
 
 
 if __name__ == "__main__":
