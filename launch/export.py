@@ -28,7 +28,7 @@ from agentic_grpo import exporting
 from launch import common_flags
 
 _WORKDIR = common_flags.WORKDIR
-_STEP = flags.DEFINE_integer("step", -1, "Checkpoint step to export; -1: the newest intact.")
+_STEP = common_flags.STEP
 _OUT = flags.DEFINE_string("out", None, "Directory to write (must not exist or be empty).")
 
 

@@ -21,9 +21,7 @@ run ended without doing its job (the last line says why), 1 a crash.
 """
 
 import datetime
-import logging as std_logging
 import os
-import re
 import sys
 
 from absl import app
@@ -43,70 +41,17 @@ from agentic_grpo import run_lock
 from agentic_grpo import train
 from launch import common_flags
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "experiments", "tiny_codegen.py")
-
-_OVERRIDE = re.compile(r"^--(?:no)?config\.([\w.]+)")
-
-
-def _fail(code: int, message: str):
-  """Exits with `code` after one line on stderr."""
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(code)
-
-
-def _check_overrides(argv: list[str]) -> None:
-  """Exits with one line naming the nearest valid field for a misspelt `--config.<path>`.
-
-  ml_collections parses the overrides when the config flag is defined and turns an unknown
-  path into three chained tracebacks; this runs before that.
-  """
-  known = {f.path for f in config_help.fields()}
-  for arg in argv[1:]:
-    if arg == "--":
-      break
-    m = _OVERRIDE.match(arg)
-    if m and m.group(1) not in known:
-      near = config_help.nearest(m.group(1))
-      _fail(exit_codes.CONFIG_ERROR, f"unknown config field config.{m.group(1)}"
-            + (f"; did you mean config.{near}?" if near else "; see --show_config"))
-
-
 if __name__ == "__main__":
-  _check_overrides(sys.argv)
+  common_flags.check_overrides(sys.argv)
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Experiment config file (a `get_config()` module); override its "
-    "fields with --config.<section>.<field>=value (--show_config lists every field).",
-    lock_config=True)
+_CONFIG = common_flags.config_flag()
 _WORKDIR = common_flags.WORKDIR
 _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
 _SHOW_CONFIG = flags.DEFINE_bool(
     "show_config", False, "Print every config field (--config.<field>) with its value, "
     "default and doc, then exit.")
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag value as one line (exit code CONFIG_ERROR)."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(exit_codes.CONFIG_ERROR, f"{e} (see --help, --show_config)")
-  except (KeyError, AttributeError) as e:  # a field that --config's file does not set
-    first = str(e.args[0] if e.args else e).splitlines()[0]
-    _fail(exit_codes.CONFIG_ERROR, f"cannot override config field {first}: the config file "
-          f"does not set it")
-
-
-class _DropCheckpointInfo(std_logging.Filter):
-  """Drops Orbax's INFO records (hundreds per run: every save's steps); its warnings and errors
-  pass. Kept with `--verbosity=1`."""
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return (record.levelno > std_logging.INFO
-            or f"{os.sep}orbax{os.sep}" not in record.pathname)
 
 
 def _fresh_workdir(config_path: str) -> str:
@@ -136,19 +81,19 @@ def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
   if jax.process_count() > 1 and not parallel.host_allgather(np.int64(taken is None)).all():
     taken = taken or f"workdir {workdir} is in use by another run (see process 0)"
   if taken:
-    _fail(exit_codes.WORKDIR_LOCKED, taken)
+    common_flags.fail(exit_codes.WORKDIR_LOCKED, taken)
   try:
     return train.run(cfg, workdir, stop_after=_STOP_AFTER.value)
   except config_drift.ConfigDriftError as e:
-    _fail(exit_codes.CONFIG_DRIFT, str(e))
+    common_flags.fail(exit_codes.CONFIG_DRIFT, str(e))
   except checkpointing.CheckpointIntegrityError as e:
-    _fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
+    common_flags.fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
   except train.StartupCheckError as e:
-    _fail(exit_codes.CONFIG_ERROR, str(e))
+    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
   except train.Preempted as e:
-    _fail(exit_codes.PREEMPTED, str(e))
+    common_flags.fail(exit_codes.PREEMPTED, str(e))
   except train.NonFiniteUpdatesError as e:
-    _fail(exit_codes.NO_PROGRESS, str(e))
+    common_flags.fail(exit_codes.NO_PROGRESS, str(e))
   finally:
     lock.release()
 
@@ -159,12 +104,11 @@ def main(argv):
   try:  # checked before anything is printed: an error is one line
     cfg = config_lib.from_config_dict(_CONFIG.value)
   except ValueError as e:
-    _fail(exit_codes.CONFIG_ERROR, str(e))
+    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
   if _SHOW_CONFIG.value:
     print(config_help.show(_flat(cfg)))
     return
-  if logging.get_verbosity() < 1:
-    logging.get_absl_handler().addFilter(_DropCheckpointInfo())
+  common_flags.quiet_orbax()
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
   # Validating the config first also reports a bad one before any process waits for another.
   timeout_s = config_lib.from_config_dict(_CONFIG.value).mesh.collective_timeout_s
@@ -184,8 +128,8 @@ def main(argv):
   print(line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
   if result["incomplete"]:
-    _fail(exit_codes.NO_PROGRESS, result["incomplete"])
+    common_flags.fail(exit_codes.NO_PROGRESS, result["incomplete"])
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=common_flags.parse_flags)

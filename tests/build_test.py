@@ -14,6 +14,8 @@ from absl.testing import absltest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _PACKAGES = ("agentic_grpo", "launch", "experiments", "benchmarks")
+# Import roots of first-party code: the packages, and test helpers (`tests.fixtures`).
+_IMPORT_ROOTS = _PACKAGES + ("tests",)
 
 
 def load_build(path: pathlib.Path) -> dict[str, dict]:
@@ -62,7 +64,7 @@ def _first_party_imports(path: pathlib.Path) -> set[str]:
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       names = [f"{node.module}.{a.name}" for a in node.names]
     for name in names:
-      if name.split(".")[0] in _PACKAGES:
+      if name.split(".")[0] in _IMPORT_ROOTS:
         found.add(name)
   return found
 

