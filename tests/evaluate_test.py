@@ -159,6 +159,17 @@ class CheckpointEvaluationTest(absltest.TestCase):
     with self.assertRaisesRegex(eval_only.WorkdirError, r"holds a run's checkpoints"):
       eval_only.evaluate_model(_micro_config(), self.workdir, pool=self.pool)
 
+  def test_command_line(self):
+    proc = _launch(f"--workdir={self.workdir}", "--step=3", "--num_samples=3", "--k=1,3",
+                   "--eval_size=2", "--temperature=0.5")
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertRegex(proc.stdout, r"eval: checkpoint 3 of .* on 2 held-out synthetic tasks: "
+                     r"greedy pass@1 .*; sampled \(n=3, T=0.5\): pass@1 .*, pass@3 ")
+    with open(os.path.join(self.workdir, "eval", "step_3.json")) as f:
+      record = json.load(f)
+    self.assertEqual((record["step"], record["eval"]["k"], len(record["passed"])), (3, [1, 3], 2))
+    self.assertIn((3, "eval_only"), [(r["step"], r["phase"]) for r in _rows(self.workdir)])
+
   def test_command_line_exit_codes(self):
     proc = _launch(f"--workdir={self.workdir}", "--step=99")
     self.assertEqual(proc.returncode, exit_codes.CHECKPOINT_DAMAGED, proc.stderr)
