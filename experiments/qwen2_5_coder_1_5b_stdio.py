@@ -50,6 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.task.source = "stdio"
   c.task.path = "code_contests_train.jsonl"  # set --config.task.path
+  c.task.stdio_layout = "codecontests"  # `auto` detects the layout per row
   c.task.heldout_fraction = 0.05
   c.task.eval_size = 200  # one standard error of pass@1 <= 0.035
 

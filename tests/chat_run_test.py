@@ -6,11 +6,11 @@ HumanEval problems, and on competitive-programming problems judged on stdin/stdo
 The checkpoint is written here (`tests/fixtures/chat_checkpoint.py`): random parameters through
 `hf_export`, a byte-level BPE tokenizer trained in the test on the problems' text, a ChatML chat
 template and a generation config whose end-of-generation ids are `<|im_end|>` and
-`<|endoftext|>`. The run takes RL updates, evaluates (pass@k), checkpoints, stops, and resumes. Recorded on the way: every call
-of the sampler (prompt ids in, generated ids out) and every stage row the learner gets from the
-replay (ids and loss mask), to check token in, token out: the learner trains on exactly the
-ids the sampler saw and produced, turn by turn, and its loss mask covers the assistant's
-tokens only.
+`<|endoftext|>`. The run takes RL updates, evaluates (pass@k), checkpoints, stops, and
+resumes. Recorded on the way: every call of the sampler (prompt ids in, generated ids out) and
+every stage row the learner gets from the replay (ids and loss mask), to check token in, token
+out: the learner trains on exactly the ids the sampler saw and produced, turn by turn, and its
+loss mask covers the assistant's tokens only.
 """
 
 import json

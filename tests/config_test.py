@@ -10,7 +10,6 @@ import ml_collections
 from agentic_grpo import config as config_lib
 from agentic_grpo import parallel
 from agentic_grpo.models import transformer
-from agentic_grpo.tasks import sources as task_sources
 from experiments import outcome_grpo
 from experiments import qwen2_5_coder_1_5b_stdio
 from experiments import qwen3_8b_pod
@@ -23,18 +22,9 @@ _CONFIGS = sorted(p.stem for p in _EXPERIMENTS.glob("*.py")
                   if "\ndef get_config(" in p.read_text())
 
 
-def _resolve(module) -> config_lib.TrainConfig:
-  c = module.get_config()
-  # The `stdio` task source lands with its own change; until then the real-run configs are
-  # checked with the `jsonl` source (same `task.path` requirement).
-  if c.task.source == "stdio" and "stdio" not in task_sources.TASK_SOURCES.names():
-    c.task.source = "jsonl"
-  return config_lib.from_config_dict(c)
-
-
 def _plan(module) -> plan.Plan:
   """`launch.plan`'s per-device memory of an experiment's run on its hardware."""
-  cfg = _resolve(module)
+  cfg = config_lib.from_config_dict(module.get_config())
   shape = parallel.resolve_mesh_shape((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor),
                                       module.NUM_DEVICES)
   model, _ = plan.model_from_flags(module.PLAN_PRESET, param_dtype=cfg.model.param_dtype)
@@ -53,16 +43,16 @@ class ConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*_CONFIGS)
   def test_experiments_resolve(self, name):
-    cfg = _resolve(importlib.import_module(f"experiments.{name}"))
+    cfg = config_lib.from_config_dict(importlib.import_module(f"experiments.{name}").get_config())
     self.assertIsInstance(cfg, config_lib.TrainConfig)
     self.assertIsInstance(cfg.rl, config_lib.RLSection)
     self.assertIsInstance(cfg.rl.buckets, tuple)
 
   @parameterized.parameters(qwen2_5_coder_1_5b_stdio, qwen3_8b_pod)
   def test_real_runs_start_from_the_pretrained_chat_model(self, module):
-    cfg = _resolve(module)
+    cfg = config_lib.from_config_dict(module.get_config())
     self.assertEqual((cfg.model.source, cfg.model.param_dtype), ("hf", "bfloat16"))
-    self.assertEqual(module.get_config().task.source, "stdio")
+    self.assertEqual((cfg.task.source, cfg.task.stdio_layout), ("stdio", "codecontests"))
     self.assertEqual(cfg.workflow.prompt_format, "chat")
     self.assertEqual(cfg.warmstart.steps, 0)
     self.assertBetween(cfg.rl.group_size, 8, 16)

@@ -3,8 +3,8 @@
 A micro run (two warm-start steps, two RL updates) is evaluated from its checkpoints: with the
 run's settings the numbers are the run's own evaluations of those steps (greedy pass@1, stage
 rewards, sampled pass@k, the paired gain over the warm-start). A tiny random Qwen2-style chat
-checkpoint (`tests/fixtures/chat_checkpoint.py`) is evaluated as loaded, and matches the evaluation a
-training run makes of it before its first update.
+checkpoint (`tests/fixtures/chat_checkpoint.py`) is evaluated as loaded, and matches the
+evaluation a training run makes of it before its first update.
 """
 
 import json
