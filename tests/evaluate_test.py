@@ -18,8 +18,10 @@ import tempfile
 from absl.testing import absltest
 import numpy as np
 
+from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
+from agentic_grpo import run_lock
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
@@ -158,6 +160,44 @@ class CheckpointEvaluationTest(absltest.TestCase):
       eval_only.evaluate_checkpoint(empty, pool=self.pool)
     with self.assertRaisesRegex(eval_only.WorkdirError, r"holds a run's checkpoints"):
       eval_only.evaluate_model(_micro_config(), self.workdir, pool=self.pool)
+
+  def test_damaged_newest_checkpoint_falls_back_and_a_named_one_errors(self):
+    copy = os.path.join(self.create_tempdir().full_path, "run")
+    shutil.copytree(self.workdir, copy, ignore=shutil.ignore_patterns("eval", ".run.lock"))
+    newest = pathlib.Path(copy, "checkpoints", "4")
+    data = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+    self.assertEqual(eval_only.checkpoint_step(copy, None), 3)  # the newest intact one
+    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, r"damaged checkpoint"):
+      eval_only.evaluate_checkpoint(copy, 4, pool=self.pool)
+    self.assertTrue(newest.is_dir())  # a named step's evaluation moves nothing aside
+
+  def test_saved_config_from_another_version_or_damaged(self):
+    tmp = self.create_tempdir().full_path
+    saved = config_lib.to_dict(_micro_config())
+    del saved["eval"]["temperature"]  # written before the field existed: its default
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(saved, f)
+    self.assertEqual(eval_only.saved_config(tmp).eval.temperature,
+                     config_lib.TrainConfig().eval.temperature)
+    saved["eval"]["retired_knob"] = 1  # a field this version does not know: named
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(saved, f)
+    with self.assertRaisesRegex(ValueError, r"eval\.retired_knob"):
+      eval_only.saved_config(tmp)
+    for text in ('{"model": {', "[1, 2]", "\udcff"):  # cut short, not an object, not UTF-8
+      with open(os.path.join(tmp, "config.json"), "w", errors="surrogateescape") as f:
+        f.write(text)
+      with self.assertRaisesRegex(eval_only.WorkdirError, r"config\.json (is not readable "
+                                  r"JSON|holds a list)"):
+        eval_only.saved_config(tmp)
+
+  def test_model_evaluation_refuses_a_live_runs_workdir(self):
+    workdir = self.create_tempdir().full_path
+    with run_lock.WorkdirLock(workdir):  # a run that has not checkpointed yet
+      with self.assertRaisesRegex(eval_only.WorkdirError, r"in use by another run"):
+        eval_only.evaluate_model(_micro_config(), workdir, pool=self.pool)
+    self.assertFalse(os.path.exists(os.path.join(workdir, "config.json")))
 
   def test_command_line(self):
     proc = _launch(f"--workdir={self.workdir}", "--step=3", "--num_samples=3", "--k=1,3",

@@ -137,6 +137,50 @@ class LayoutTest(parameterized.TestCase):
                     stdio=task_lib.StdioSpec())
 
 
+class RowFormsTest(parameterized.TestCase):
+  """Files and rows as real data sets write them: loaded, nothing lost."""
+
+  def _write(self, data: bytes) -> str:
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "wb") as f:
+      f.write(data)
+    return path
+
+  def test_bom_crlf_and_blank_lines_lose_no_row(self):
+    rows = [json.dumps(codecontests_row(name=f"p{i}")).encode() for i in range(3)]
+    data = b"\xef\xbb\xbf" + rows[0] + b"\r\n\r\n  \n" + rows[1] + b"\r\n\n" + rows[2]
+    errors = []
+    tasks = stdio_problems.load_stdio(self._write(data), on_error="skip", errors=errors)
+    self.assertEqual([t.task_id for t in tasks], [f"codecontests/p{i}" for i in range(3)])
+    self.assertEmpty(errors)
+
+  def test_huge_row_loads(self):
+    n = 2000  # a 10 MB row: many tests, each near a kilobyte
+    big = codecontests_row(name="big", description="x" * 2**20, generated_tests={
+        "input": [f"{i} {i}\n" + " " * 900 for i in range(n)],
+        "output": [f"{2 * i}\n" for i in range(n)]})
+    [task] = stdio_problems.load_stdio(self._write(json.dumps(big).encode() + b"\n"))
+    self.assertLen(task.hidden_tests, 2 + n)
+
+  @parameterized.parameters(
+      (0, None), ({"seconds": 0, "nanos": 0}, None), (None, None),  # the run's default
+      ({"seconds": 60, "nanos": 0}, 60.0), ("60 seconds", 60.0))
+  def test_time_limit_edges(self, limit, want):
+    task = stdio_problems.row_to_task(codecontests_row(time_limit=limit), 1, "cc.jsonl")
+    self.assertEqual(task.stdio.time_seconds, want)
+    if not isinstance(limit, dict):  # TACO writes numbers and strings
+      taco = stdio_problems.row_to_task(taco_row(time_limit=limit), 1, "t.jsonl")
+      self.assertEqual(taco.stdio.time_seconds, want)
+
+  def test_spec_limits_are_bounded_for_every_source(self):
+    # A Task JSON (the `jsonl` and `tfds` sources) asks through the same spec.
+    for bad in (dict(time_seconds=61.0), dict(memory_bytes=task_lib.MAX_MEMORY_BYTES + 1)):
+      with self.assertRaisesRegex(ValueError, "StdioSpec"):
+        task_lib.StdioSpec(**bad)
+    task_lib.StdioSpec(time_seconds=task_lib.MAX_TIME_SECONDS,
+                       memory_bytes=task_lib.MAX_MEMORY_BYTES)
+
+
 # Malformed rows: (row or raw bytes, the field the error names, a phrase of its message).
 _BAD_ROWS = (
     ("no_tests", codecontests_row(public_tests={"input": [], "output": []},
@@ -164,6 +208,22 @@ _BAD_ROWS = (
      "does not parse"),
     ("unknown_layout", {"statement": "x"}, None, "cannot detect the layout"),
     ("not_utf8", b"\xff\xfe{}\n", None, "not UTF-8"),
+    # The first row's problem again: kept once, the repeat counted.
+    ("duplicate_id", codecontests_row(name="good"), "task_id",
+     r"duplicate task id 'codecontests/good' \(first at row 1\)"),
+    ("empty_outputs", codecontests_row(name="quiet", public_tests={"input": ["1\n"],
+                                                                   "output": [""]},
+                                       private_tests={"input": ["2\n"], "output": [" \r\n"]},
+                                       generated_tests=None),
+     "public_tests", "every test expects an empty output"),
+    ("absurd_time", codecontests_row(name="slow", time_limit={"seconds": 10**9, "nanos": 0}),
+     "time_limit", "over the largest a problem may ask, 60"),
+    ("absurd_memory", codecontests_row(name="fat", memory_limit_bytes=10**15),
+     "memory_limit_bytes", "over the largest a problem may ask, 4294967296"),
+    ("absurd_taco_memory", taco_row(name="fat", memory_limit="1000000000 megabytes"),
+     "memory_limit", "over the largest a problem may ask, 4096"),
+    ("truncated_last_line", json.dumps(codecontests_row(name="cut")).encode()[:-40], None,
+     "not JSON"),
 )
 
 
@@ -173,7 +233,8 @@ class MalformedRowsTest(parameterized.TestCase):
     path = os.path.join(self.create_tempdir().full_path, "problems.jsonl")
     with open(path, "wb") as f:
       for row in rows:
-        f.write(row if isinstance(row, bytes) else json.dumps(row).encode() + b"\n")
+        f.write(row + b"\n" * (not row.endswith(b"\n")) if isinstance(row, bytes)
+                else json.dumps(row).encode() + b"\n")
     return path
 
   @parameterized.named_parameters(*_BAD_ROWS)
@@ -248,6 +309,52 @@ class JudgedTest(absltest.TestCase):
         config_lib.TaskSection(source="stdio", path=path, heldout_fraction=0.5,
                                check_references=False))
     self.assertLen(unchecked.train + unchecked.heldout, 9)
+
+  def test_reference_check_keeps_noisy_and_slow_references(self):
+    noisy = "import sys\nprint('debug', list(range(500)), file=sys.stderr)\n" + SUM
+    # About half of the 1.5 s limit on every test (busy CPU, as a slow Python solution).
+    slow = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.7: pass\n" + SUM
+    rows = [codecontests_row(name="noisy", solution=noisy),
+            codecontests_row(name="slow", solution=slow)]
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    check = lambda tasks: execution.reference_failures(tasks, self.pool)
+    tasks = stdio_problems.load_stdio(path, on_error="raise", check=check)
+    self.assertEqual([t.task_id for t in tasks], ["codecontests/noisy", "codecontests/slow"])
+
+  def test_source_errors_name_the_path_and_the_first_row(self):
+    tmp = self.create_tempdir().full_path
+    path = os.path.join(tmp, "p.jsonl")
+    with open(path, "w") as f:  # every reference fails its own tests
+      f.writelines(json.dumps(codecontests_row(name=f"p{i}", solution="print(0)")) + "\n"
+                   for i in range(3))
+    load = sources.TASK_SOURCES.get("stdio")
+    section = lambda p, **kw: config_lib.TaskSection(source="stdio", path=p, **kw)
+    with self.assertRaisesRegex(ValueError, r"config\.task\.path: no usable stdio task in .*"
+                                r"p\.jsonl: all 3 row\(s\) .*the first: .*row 1, field "
+                                r"'solutions': reference solution fails"):
+      load(section(path))
+    open(path, "w").close()
+    with self.assertRaisesRegex(ValueError, r"no usable stdio task .*: it holds no rows"):
+      load(section(path))
+    with self.assertRaisesRegex(ValueError, r"config\.task\.path '.*' \(stdio JSONL file\) "
+                                            r"is a directory"):
+      load(section(tmp))
+    for name in ("stdio", "mbpp", "jsonl", "humaneval"):
+      with self.assertRaisesRegex(ValueError, rf"config\.task\.path .*nope\.jsonl.* \({name} "
+                                              r"JSONL file\) is missing"):
+        sources.TASK_SOURCES.get(name)(config_lib.TaskSection(
+            source=name, path=os.path.join(tmp, "nope.jsonl")))
+
+  def test_a_repeated_problem_does_not_stop_the_source(self):
+    rows = [codecontests_row(name=f"p{i}") for i in range(6)] + [codecontests_row(name="p2")]
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    tasks = sources.TASK_SOURCES.get("stdio")(config_lib.TaskSection(
+        source="stdio", path=path, heldout_fraction=0.5, check_references=False))
+    self.assertLen(tasks.train + tasks.heldout, 6)
 
   def test_mbpp_reference_check(self):
     good = {"task_id": 1, "text": "Add.", "code": "def add(a, b):\n  return a + b\n",

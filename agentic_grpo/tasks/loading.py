@@ -37,6 +37,9 @@ def short_repr(value: Any, limit: int = 60) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _parse_line(path: str, row: int, line: bytes) -> Any:
   """One JSONL line to its value, or a `RowError` (bad UTF-8, bad JSON, absurd nesting)."""
   try:
@@ -56,8 +59,9 @@ def _parse_line(path: str, row: int, line: bytes) -> Any:
 def read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
   """Yields `(row, parsed JSON or RowError)` for every non-blank line (gzip by suffix).
 
-  A line that is not UTF-8 or not JSON (also: nested too deeply, or an integer too long to
-  convert) yields a `RowError` instead of raising, so that the caller decides. Compressed data
+  A UTF-8 byte-order mark opening the file (as some editors and Windows tools write) is
+  dropped. A line that is not UTF-8 or not JSON (also: nested too deeply, or an integer too
+  long to convert) yields a `RowError` instead of raising, so that the caller decides. Compressed data
   that cannot be read yields one `RowError` for the row it stopped at, and ends the file.
 
   Raises:
@@ -69,6 +73,8 @@ def read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
     row = 0
     try:
       for row, line in enumerate(f, start=1):
+        if row == 1 and line.startswith(_BOM):
+          line = line[len(_BOM):]
         if line.strip():
           yield row, _parse_line(path, row, line)
     except (OSError, EOFError, zlib.error) as e:  # a corrupt or truncated gzip stream
@@ -86,7 +92,8 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
   `convert` raises `RowError` for a malformed row; any other exception from it is wrapped
   into one (field unknown). With `on_error="raise"` the first error propagates; with `"skip"`
   the row is logged, appended to `errors` (if given) and skipped: no malformed row, whatever
-  its bytes, stops the load. Then `check`, if given, sees all converted tasks at once (e.g.
+  its bytes, stops the load. A task whose `task_id` an earlier row already gave is a malformed
+  row too (field `task_id`, naming the earlier row): the first one is kept. Then `check`, if given, sees all converted tasks at once (e.g.
   one sandbox pool call running every reference solution on its own tests) and returns a
   reason per task, or None: a task with a reason is a malformed row of field `check_field`.
 
@@ -97,6 +104,7 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
   """
   check_on_error(on_error)
   tasks, rows, skipped = [], [], 0
+  first_row: dict[str, int] = {}
 
   def reject(err: RowError, cause: Optional[Exception]) -> None:
     nonlocal skipped
@@ -113,7 +121,12 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
         raise value
       if not isinstance(value, dict):
         raise RowError(str(path), row, None, f"expected a JSON object, got {type(value).__name__}")
-      tasks.append(convert(value, row))
+      task = convert(value, row)
+      if task.task_id in first_row:
+        raise RowError(str(path), row, "task_id", f"duplicate task id {task.task_id!r} (first "
+                                                  f"at row {first_row[task.task_id]})")
+      first_row[task.task_id] = row
+      tasks.append(task)
       rows.append(row)
     except Exception as e:  # pylint: disable=broad-except
       err = e if isinstance(e, RowError) else RowError(

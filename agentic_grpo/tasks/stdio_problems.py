@@ -24,7 +24,8 @@ lines; LiveCodeBench's `public_test_cases`/`private_test_cases`, JSON strings (o
 Call-based problems (APPS/TACO `fn_name`, LiveCodeBench `testtype: functional`) are not
 stdin/stdout problems and are rejected. Limits a row does not give (or gives as 0/null) are
 the run's `config.sandbox` limits at judging time; a memory limit under 64 MiB is raised to
-64 MiB (what the interpreter needs). Every layout may give a float tolerance: `abs_tol`,
+64 MiB (what the interpreter needs); a limit over `task.MAX_TIME_SECONDS` /
+`task.MAX_MEMORY_BYTES` is a malformed row. Every layout may give a float tolerance: `abs_tol`,
 `rel_tol`, or `float_tolerance` (both), numbers >= 0.
 
 The prompt is the statement, then the public tests as `'INPUT'->'OUTPUT'` lines (the tests
@@ -32,7 +33,9 @@ stage's format). A `stdio` task has no probe: its hypothesis stage has no reward
 
 Malformed rows raise `loading.RowError` naming the file, row and field: no tests, a test that
 does not parse (not strings, unequal input/output counts, bad JSON, not UTF-8 encodable), an
-expected output over the judge's output limit (`MAX_EXPECTED_BYTES`), a call-based problem.
+expected output over the judge's output limit (`MAX_EXPECTED_BYTES`), tests that all expect an
+empty output (a program printing nothing would pass), a limit out of range, a call-based
+problem.
 `load_stdio` skips and counts them (or raises with `on_error="raise"`), and optionally drops
 problems whose reference solution fails its own tests (`check`).
 """
@@ -154,8 +157,9 @@ class _Row:
       raise self.error(field, "expected a list of source strings")
     return sols[0]
 
-  def number(self, field: str, value: Any, pattern: re.Pattern, scale: float
+  def number(self, field: str, value: Any, pattern: re.Pattern, scale: float, most: float
              ) -> Optional[float]:
+    """A limit in base units (`value * scale`), None when absent or 0; at most `most`."""
     if value is None or value == "" or value == 0:
       return None
     if isinstance(value, str):
@@ -166,6 +170,9 @@ class _Row:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
         math.isfinite(value) and value > 0):
       raise self.error(field, f"expected a positive number, got {loading.short_repr(value)}")
+    if float(value) * scale > most:
+      raise self.error(field, f"limit {loading.short_repr(value)} is over the largest a problem "
+                              f"may ask, {most / scale:.10g} (task.MAX_*)")
     return float(value) * scale
 
 
@@ -193,9 +200,10 @@ def _codecontests(r: _Row) -> dict:
   return dict(name=loading.require(d, "name", str, r.path, r.row),
               statement=loading.require(d, "description", str, r.path, r.row),
               public=public, hidden=hidden, reference=reference,
-              time=r.number("time_limit", limit, _TIME_RE, 1.0),
+              time=r.number("time_limit", limit, _TIME_RE, 1.0, task_lib.MAX_TIME_SECONDS),
               memory=_memory(r.number("memory_limit_bytes", d.get("memory_limit_bytes"),
-                                      _MEMORY_RE, 1.0)), test_field="public_tests")
+                                      _MEMORY_RE, 1.0, task_lib.MAX_MEMORY_BYTES)),
+              test_field="public_tests")
 
 
 def _apps_like(r: _Row, layout: str) -> dict:
@@ -208,8 +216,10 @@ def _apps_like(r: _Row, layout: str) -> dict:
              public=tests[:1], hidden=tests, reference=r.first_solution("solutions"),
              time=None, memory=None, test_field="input_output")
   if layout == "taco":
-    out["time"] = r.number("time_limit", d.get("time_limit"), _TIME_RE, 1.0)
-    out["memory"] = _memory(r.number("memory_limit", d.get("memory_limit"), _MEMORY_RE, 2**20))
+    out["time"] = r.number("time_limit", d.get("time_limit"), _TIME_RE, 1.0,
+                           task_lib.MAX_TIME_SECONDS)
+    out["memory"] = _memory(r.number("memory_limit", d.get("memory_limit"), _MEMORY_RE, 2**20,
+                                     task_lib.MAX_MEMORY_BYTES))
   return out
 
 
@@ -268,6 +278,9 @@ def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO
   if not p["public"] and not p["hidden"]:
     raise r.error(p["test_field"], "no tests")
   hidden = p["hidden"] or p["public"]
+  if not any(e.expected.strip() for e in p["public"] + hidden):
+    raise r.error(p["test_field"], "every test expects an empty output: a program that prints "
+                                   "nothing would pass")
   abs_tol, rel_tol = _tolerance(r)
   reference = p["reference"]
   if reference is not None:

@@ -27,6 +27,10 @@ ARROW = "->"
 FUNCTION = "function"
 STDIO = "stdio"
 TASK_KINDS = (FUNCTION, STDIO)
+# The largest limits a `stdio` task may ask: a problem's limits come from data, and a looping
+# program holds a sandbox worker for `tests * time`; every real judge's limits are far below.
+MAX_TIME_SECONDS = 60.0
+MAX_MEMORY_BYTES = 4 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +49,11 @@ class StdioSpec:
   """How a `stdio` task's programs are judged (`agent.sandbox.stdio`).
 
   Attributes:
-    time_seconds: CPU seconds per test, or None for the run's default (`config.sandbox.cpu_s`).
+    time_seconds: CPU seconds per test, or None for the run's default (`config.sandbox.cpu_s`);
+      at most `MAX_TIME_SECONDS`.
     memory_bytes: address-space cap per test, or None for the run's default
-      (`config.sandbox.memory_mb`); at least 64 MiB (the interpreter's need).
+      (`config.sandbox.memory_mb`); at least 64 MiB (the interpreter's need), at most
+      `MAX_MEMORY_BYTES`.
     abs_tol, rel_tol: tolerance for output tokens that are both numbers (0: exact tokens).
   """
   time_seconds: Optional[float] = None
@@ -58,10 +64,13 @@ class StdioSpec:
   def __post_init__(self):
     t, m = self.time_seconds, self.memory_bytes
     if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)
-                          or not math.isfinite(t) or t <= 0):
-      raise ValueError(f"StdioSpec.time_seconds must be a finite number > 0 or None, got {t!r}")
-    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 64 * 2**20):
-      raise ValueError(f"StdioSpec.memory_bytes must be an int >= 64 MiB or None, got {m!r}")
+                          or not math.isfinite(t) or not 0 < t <= MAX_TIME_SECONDS):
+      raise ValueError(f"StdioSpec.time_seconds must be a number in (0, {MAX_TIME_SECONDS:g}] "
+                       f"or None, got {t!r}")
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool)
+                          or not 64 * 2**20 <= m <= MAX_MEMORY_BYTES):
+      raise ValueError(f"StdioSpec.memory_bytes must be an int in [64 MiB, "
+                       f"{MAX_MEMORY_BYTES // 2**30} GiB] or None, got {m!r}")
     for name in ("abs_tol", "rel_tol"):
       v = getattr(self, name)
       if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:

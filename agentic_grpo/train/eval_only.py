@@ -34,10 +34,12 @@ import os
 from typing import Any, Optional, Sequence
 
 from etils import epath
+import jax
 import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import run_lock
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import streams
 from agentic_grpo.train import components as components_lib
@@ -62,8 +64,10 @@ def saved_config(workdir: str) -> config_lib.TrainConfig:
   """The run's `config.json`, validated.
 
   Raises:
-    WorkdirError: no directory `workdir`, or no `config.json` in it.
-    ValueError: an invalid saved config (naming the field).
+    WorkdirError: no directory `workdir`, no `config.json` in it, or one that is not a JSON
+      object.
+    ValueError: an invalid saved config (naming the field; a field an older version saved
+      and this one lacks is unknown; one it lacks takes its default).
   """
   path = epath.Path(workdir)
   if not path.is_dir():
@@ -71,7 +75,13 @@ def saved_config(workdir: str) -> config_lib.TrainConfig:
   file = path / "config.json"
   if not file.exists():
     raise WorkdirError(f"no config.json in workdir {workdir}: not a run's workdir")
-  return config_lib.from_config_dict(json.loads(file.read_text()))
+  try:
+    data = json.loads(file.read_text())
+  except ValueError as e:  # not UTF-8, or not JSON (a write cut short)
+    raise WorkdirError(f"{file} is not readable JSON: {e}") from e
+  if not isinstance(data, dict):
+    raise WorkdirError(f"{file} holds a {type(data).__name__}, not a config object")
+  return config_lib.from_config_dict(data)
 
 
 def with_overrides(cfg: config_lib.TrainConfig, *, num_samples: Optional[int] = None,
@@ -162,14 +172,24 @@ def evaluate_model(cfg: config_lib.TrainConfig, workdir: str, *, pool=None,
 
   Raises:
     WorkdirError: `workdir` holds a run's checkpoints (evaluate them with
-      `evaluate_checkpoint`, or choose another workdir).
+      `evaluate_checkpoint`, or choose another workdir), or a live run holds its lock.
     ValueError: an invalid config or model source (naming the field or file).
   """
   if checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
     raise WorkdirError(f"workdir {workdir} holds a run's checkpoints: evaluate them without a "
                        f"config, or give a fresh workdir to evaluate the model as loaded")
-  return _evaluate(cfg, workdir, 0, "model",
-                   lambda comp: (device_lib.initial_policy(comp), None), pool, workflow_factory)
+  # It writes config.json and step 0 as a run would: not into a run's workdir while it runs.
+  lock = run_lock.WorkdirLock(workdir, enabled=jax.process_index() == 0)
+  try:
+    lock.acquire()
+  except run_lock.WorkdirLockedError as e:
+    raise WorkdirError(str(e)) from e
+  try:
+    return _evaluate(cfg, workdir, 0, "model",
+                     lambda comp: (device_lib.initial_policy(comp), None), pool,
+                     workflow_factory)
+  finally:
+    lock.release()
 
 
 def _evaluate(cfg, workdir, step, source, params_of, pool, workflow_factory) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import enum
 import marshal
 import math
 import os
+import re
 from typing import Sequence
 
 from agentic_grpo.agent.sandbox import runner
@@ -85,8 +86,9 @@ class StdioProgram:
       WALL_SLACK`).
     memory_bytes: address-space cap per test (RLIMIT_AS), at least 64 MiB.
     output_bytes: stdout plus stderr per test.
-    abs_tol, rel_tol: tolerance for output tokens that both parse as finite
-      floats (`math.isclose`); 0 and 0 compare every token exactly.
+    abs_tol, rel_tol: tolerance for output tokens that are both decimal
+      numbers, not both integers (`outputs_match`); 0 and 0 compare every
+      token exactly.
     stop_on_error: after a test that timed out, crashed or hit a limit, skip
       the rest (they get SKIPPED); wrong answers never stop the run.
   """
@@ -159,12 +161,33 @@ class StdioResult:
 
 
 # ------------------------------------------------------------ comparison
+# A decimal number as judges print them (`float()` also takes `1_000`, `inf`, `nan`, padding).
+_NUMBER = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(rb"[+-]?\d+")
+
+
 def _float_token(token: bytes) -> float | None:
-  try:
-    value = float(token)
-  except ValueError:
+  """The value of a decimal number token (`_NUMBER`), None for anything else or non-finite."""
+  if _NUMBER.fullmatch(token) is None:
     return None
+  value = float(token)
   return value if math.isfinite(value) else None
+
+
+def _integer_key(token: bytes) -> tuple[bool, bytes]:
+  """(negative, digits without leading zeros) of an integer token: equal keys, equal values
+  (exact at any length: no `int()`, which refuses over 4300 digits)."""
+  digits = token.lstrip(b"+-").lstrip(b"0") or b"0"
+  return token.startswith(b"-") and digits != b"0", digits
+
+
+def _tokens_close(a: bytes, e: bytes, abs_tol: float, rel_tol: float) -> bool:
+  """Whether two unequal tokens match under the tolerance: integers exactly, else numbers."""
+  if _INTEGER.fullmatch(a) is not None and _INTEGER.fullmatch(e) is not None:
+    return _integer_key(a) == _integer_key(e)
+  fa, fe = _float_token(a), _float_token(e)
+  return fa is not None and fe is not None and math.isclose(fa, fe, rel_tol=rel_tol,
+                                                            abs_tol=abs_tol)
 
 
 def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
@@ -175,9 +198,11 @@ def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
     actual: what the program printed (bytes; not decoded, so invalid UTF-8
       simply fails to match).
     expected: the expected output.
-    abs_tol, rel_tol: with either > 0, two tokens that both parse as finite
-      floats match when `math.isclose(a, e, rel_tol=rel_tol, abs_tol=abs_tol)`;
-      any other pair of tokens must be byte-equal.
+    abs_tol, rel_tol: with either > 0, two tokens that are both decimal numbers
+      (`[+-]digits[.digits][e[+-]digits]`, finite) match when `math.isclose(a,
+      e, rel_tol=rel_tol, abs_tol=abs_tol)`, except that two integers must be
+      equal (a tolerance is for real-valued answers: `10**18 + 1` is not
+      `10**18`); any other pair of tokens must be byte-equal.
 
   Returns:
     True when the token sequences have the same length and match pairwise.
@@ -191,8 +216,7 @@ def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
       continue
     if not tolerant:
       return False
-    fa, fe = _float_token(a), _float_token(e)
-    if fa is None or fe is None or not math.isclose(fa, fe, rel_tol=rel_tol, abs_tol=abs_tol):
+    if not _tokens_close(a, e, abs_tol, rel_tol):
       return False
   return True
 
