@@ -53,6 +53,42 @@ print(found[0] if found else "nothing")
 }
 
 
+# Programs a first-time user's model (or data set) writes, on _SUM_TESTS: (source, the first
+# test's verdict, or a tuple of the verdicts it may get).
+_SUM_TESTS = (stdio.StdioTest("3\n", "6\n"), stdio.StdioTest("4", "10\r\n"))  # no final newline
+_TRIANGLE = "n * (n + 1) // 2"
+_FORMS = {
+    "reads_past_eof": ("a = input()\nb = input()\nprint(a)", V.RUNTIME_ERROR),
+    "no_trailing_newline": (f"import sys\nn = int(input())\nsys.stdout.write(str({_TRIANGLE}))",
+                            V.PASSED),
+    "stderr_only": (f"import sys\nn = int(input())\nprint({_TRIANGLE}, file=sys.stderr)",
+                    V.WRONG_ANSWER),
+    "stderr_debugging": (f"import sys\nn = int(input())\nprint('dbg', list(range(2000)), "
+                         f"file=sys.stderr)\nprint({_TRIANGLE})", V.PASSED),
+    "fork": (f"import os\nn = int(input())\npid = os.fork()\nif pid == 0:\n  os._exit(0)\n"
+             f"os.waitpid(pid, 0)\nprint({_TRIANGLE})", V.PASSED),
+    # The competitive-programming idiom for deep recursion: a thread with a big stack.
+    "thread_big_stack": (f"import sys, threading\nthreading.stack_size(2**26)\n"
+                         f"sys.setrecursionlimit(10**6)\ndef f(k):\n  return 0 if k == 0 else "
+                         f"1 + f(k - 1)\ndef main():\n  n = int(input())\n  f(10**5)\n"
+                         f"  print({_TRIANGLE})\nt = threading.Thread(target=main)\nt.start()\n"
+                         f"t.join()", V.PASSED),
+    "deep_recursion": (f"import sys\nsys.setrecursionlimit(10**6)\ndef f(k):\n  return 0 if "
+                       f"k == 0 else 1 + f(k - 1)\nn = int(input())\nf(2 * 10**5)\n"
+                       f"print({_TRIANGLE})", V.PASSED),
+    # Python frames live on the heap: it ends at the CPU or memory cap, or overflows the stack.
+    "runaway_recursion": ("import sys\nsys.setrecursionlimit(10**9)\ndef f(k):\n  return "
+                          "f(k + 1) + 1\nf(0)", (V.TIMEOUT, V.MEMORY_LIMIT, V.RUNTIME_ERROR)),
+    "reads_proc": (f"n = int(input())\nopen('/proc/self/status').read()\nprint({_TRIANGLE})",
+                   V.RUNTIME_ERROR),
+    "binary_stdin": (f"import sys\nn = int(sys.stdin.buffer.read().split()[0])\n"
+                     f"print({_TRIANGLE})", V.PASSED),
+    # The whole time limit on the first test, then the others pass: each test has its own.
+    "slow_first_test": (f"n = int(input())\nif n == 3:\n  while True: pass\nprint({_TRIANGLE})",
+                        V.TIMEOUT),
+}
+
+
 class StdioJudgeTest(parameterized.TestCase):
 
   @classmethod
@@ -85,6 +121,23 @@ class StdioJudgeTest(parameterized.TestCase):
     self.assertIn("boom", results[names.index("runtime_error")].error)
     self.assertIn("SystemExit", results[names.index("exit_nonzero")].error)
     self.assertIn("SyntaxError", results[names.index("syntax_error")].error)
+
+  def test_program_forms_verdict_table(self):
+    names = list(_FORMS)
+    results = self.pool.map([stdio.StdioProgram(_FORMS[n][0], _SUM_TESTS, time_seconds=1.0)
+                             for n in names])
+    for n, r in zip(names, results):
+      want = _FORMS[n][1]
+      self.assertIn(r.verdicts[0], want if isinstance(want, tuple) else (want,), n)
+    by_name = dict(zip(names, results))
+    self.assertEqual(by_name["slow_first_test"].verdicts, (V.TIMEOUT, V.PASSED))
+    self.assertIn("/proc", by_name["reads_proc"].error)
+    self.assertIn("EOFError", by_name["reads_past_eof"].error)
+
+  def test_unicode_output(self):
+    [r] = self.pool.map([stdio.StdioProgram("print('héllo, 世界')",
+                                            (stdio.StdioTest("", "héllo,  世界\n"),))])
+    self.assertEqual(r.verdict, V.PASSED)
 
   def test_stdin_forms_and_exit_zero(self):
     tests = (stdio.StdioTest(b"3\n1 2 3\n", "6"), stdio.StdioTest("2\n10 20\n", "30"))
@@ -146,6 +199,20 @@ class OutputsMatchTest(parameterized.TestCase):
       (b"nan", "nan", 1e-6, 0.0, True),  # Byte-equal tokens always match.
       (b"inf", "1e308", 1e-6, 1.0, False),
       (b"abc", "abd", 1.0, 1.0, False),
+      (b"0.001", "1e-3", 1e-9, 0.0, True),
+      (b"-0.0", "0", 1e-9, 0.0, True),
+      (b"3.0", "3", 1e-6, 0.0, True),  # an integer-looking float: a number
+      (b"5.", "5", 1e-6, 0.0, True),
+      (b"1_000", "1000", 1e-6, 0.0, False),  # `float()` reads it; a judge does not
+      (b" 1e400", "inf", 1.0, 1.0, False),
+      (b"0x10", "16", 1e-6, 0.0, False),
+      # Integers are exact under any tolerance: 10**18 + 1 is not 10**18.
+      (b"1000000000000000001", "1000000000000000000", 0.0, 1e-6, False),
+      (b"1000000001", "1000000000", 0.0, 1e-6, False),
+      (b"+007", "7", 0.0, 1e-6, True),
+      (b"-0", "0", 0.0, 1e-6, True),
+      (b"7" * 5000, "7" * 5000, 0.0, 1e-6, True),  # past int()'s 4300 digits
+      (b"7" * 4999 + b"6", "7" * 5000, 0.0, 1e-6, False),
   )
   def test_tolerant(self, actual, expected, abs_tol, rel_tol, match):
     self.assertEqual(stdio.outputs_match(actual, expected, abs_tol, rel_tol), match)
