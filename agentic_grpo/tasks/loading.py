@@ -61,8 +61,9 @@ def read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
 
   A UTF-8 byte-order mark opening the file (as some editors and Windows tools write) is
   dropped. A line that is not UTF-8 or not JSON (also: nested too deeply, or an integer too
-  long to convert) yields a `RowError` instead of raising, so that the caller decides. Compressed data
-  that cannot be read yields one `RowError` for the row it stopped at, and ends the file.
+  long to convert) yields a `RowError` instead of raising, so that the caller decides.
+  Compressed data that cannot be read yields one `RowError` for the row it stopped at, and ends
+  the file.
 
   Raises:
     OSError: if `path` cannot be opened.
@@ -89,13 +90,14 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
               check_field: Optional[str] = None) -> list[task_lib.Task]:
   """Converts every row of a JSONL file with `convert(row_dict, row_number)`.
 
-  `convert` raises `RowError` for a malformed row; any other exception from it is wrapped
-  into one (field unknown). With `on_error="raise"` the first error propagates; with `"skip"`
-  the row is logged, appended to `errors` (if given) and skipped: no malformed row, whatever
-  its bytes, stops the load. A task whose `task_id` an earlier row already gave is a malformed
-  row too (field `task_id`, naming the earlier row): the first one is kept. Then `check`, if given, sees all converted tasks at once (e.g.
-  one sandbox pool call running every reference solution on its own tests) and returns a
-  reason per task, or None: a task with a reason is a malformed row of field `check_field`.
+  `convert` raises `RowError` for a malformed row; any other exception from it is wrapped into
+  one (field unknown). With `on_error="raise"` the first error propagates; with `"skip"` the
+  row is logged, appended to `errors` (if given) and skipped: no malformed row, whatever its
+  bytes, stops the load. A task whose `task_id` an earlier row already gave is a malformed row
+  too (field `task_id`, naming the earlier row): the first one is kept. Then `check`, if given,
+  sees all converted tasks at once (e.g. one sandbox pool call running every reference solution
+  on its own tests) and returns a reason per task, or None: a task with a reason is a malformed
+  row of field `check_field`.
 
   Raises:
     ValueError: for an unknown `on_error`.

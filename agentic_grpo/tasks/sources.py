@@ -18,10 +18,11 @@ at `task.path`) and `stdio` (competitive-programming problems judged on stdin/st
 `task.path` in the layout `task.stdio_layout`: `tasks.stdio_problems`), split into train and
 held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.split_seed`).
 Malformed rows (also a repeated task id) are skipped and counted (logged) or, with
-`task.on_error="raise"`, raise a `loading.RowError` naming the file, row and field; a file
-that gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With `task.check_references` (the default)
-the finite sources also run every reference solution on its own tests in a sandbox at load time
-(one pool call) and treat a problem whose reference fails as a malformed row.
+`task.on_error="raise"`, raise a `loading.RowError` naming the file, row and field; a file that
+gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With
+`task.check_references` (the default) the finite sources also run every reference solution on
+its own tests in a sandbox at load time (one pool call) and treat a problem whose reference
+fails as a malformed row.
 
 Public tests (HumanEval's docstring examples, MBPP's first test, a problem statement's samples)
 feed the stage rewards; the hidden tests (HumanEval's `check`, MBPP's tests, a problem's
