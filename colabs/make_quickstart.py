@@ -98,7 +98,7 @@ single it out: a wrong piece that passes them earns its stage reward and sinks t
 Four attempts of the same task: member 0 writes the reference; member 1 writes an *ambiguous*
 wrong piece (it passes its examples); member 2 writes a piece that fails its examples; member 3
 writes nothing parseable at stage 2."""),
-code("""from agentic_grpo.agent import references, sandbox, workflow
+code("""from agentic_grpo.agent import references, sandbox, workflow, workflow_config
 from agentic_grpo.core import advantages, correction
 from agentic_grpo.tasks import long_horizon, synthetic
 
@@ -108,8 +108,8 @@ task, k_amb, rival = next((t, k, q) for t in source.tasks("validation", 0, 200)
 print(task.prompt)
 print(task.reference_solution)
 pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits())
-wf = workflow.Workflow(workflow.WorkflowConfig(stages=("pieces",), num_pieces=4,
-                                              reward_mode="all_pass"), pool)
+wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("pieces",), num_pieces=4,
+                                                     reward_mode="all_pass"), pool)
 ref = references.reference_outputs(wf, task)
 ambiguous = synthetic.Program(rival.in_type, (rival,)).expression("x") + "</code>"
 k_bad = (k_amb + 1) % 4

@@ -17,7 +17,7 @@ code("""import numpy as np
 import jax
 import jax.numpy as jnp
 
-from agentic_grpo.agent import references, sandbox, workflow
+from agentic_grpo.agent import references, sandbox, workflow, workflow_config
 from agentic_grpo.core import advantages, correction, losses
 from agentic_grpo.tasks import synthetic"""),
 md("""## A task and its reference episode
@@ -41,7 +41,7 @@ print(task.prompt)
 print("reference:", task.reference_solution)
 
 pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits())
-wf = workflow.Workflow(workflow.WorkflowConfig(), pool)
+wf = workflow.Workflow(workflow_config.WorkflowConfig(), pool)
 print(wf.stage_names)
 reference = references.reference_outputs(wf, task)
 for name, out in zip(wf.stage_names, reference):

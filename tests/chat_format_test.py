@@ -8,6 +8,7 @@ from agentic_grpo.agent import chat_format
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import workflow
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.models import tokenizers
 
 CHATML = (
@@ -75,7 +76,7 @@ class ChatFormatTest(parameterized.TestCase):
 
   def test_needs_a_chat_template(self):
     with self.assertRaisesRegex(ValueError, "needs a tokenizer with a chat template"):
-      workflow.Workflow(workflow.WorkflowConfig(prompt_format="chat"),
+      workflow.Workflow(workflow_config.WorkflowConfig(prompt_format="chat"),
                         tokenizer=tokenizers.ByteTokenizer())
     with self.assertRaisesRegex(ValueError, "not one of the end-of-generation tokens"):
       prompts.PROMPT_FORMATS.get("chat")(FakeTokenizer(CHATML, eos_ids=(1,)))

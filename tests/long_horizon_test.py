@@ -10,6 +10,7 @@ import numpy as np
 from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import long_horizon as lh
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
@@ -97,7 +98,7 @@ class PiecesWorkflowTest(parameterized.TestCase):
     super().tearDownClass()
 
   def _wf(self, k=4, **kw):
-    return workflow.Workflow(workflow.WorkflowConfig(
+    return workflow.Workflow(workflow_config.WorkflowConfig(
         stages=("pieces",), num_pieces=k, reward_mode="all_pass", **kw), self.pool)
 
   def test_reference_episodes_earn_every_reward(self):
@@ -152,12 +153,12 @@ class PiecesWorkflowTest(parameterized.TestCase):
 
   def test_bad_config(self):
     with self.assertRaisesRegex(ValueError, r"workflow\.num_pieces"):
-      workflow.WorkflowConfig(stages=("pieces",), num_pieces=1)
+      workflow_config.WorkflowConfig(stages=("pieces",), num_pieces=1)
     with self.assertRaisesRegex(ValueError, r"workflow\.final_reward_delay_s"):
-      workflow.WorkflowConfig(stages=("pieces",), final_reward_delay_s=-1.0)
+      workflow_config.WorkflowConfig(stages=("pieces",), final_reward_delay_s=-1.0)
     with self.assertRaisesRegex(ValueError, r"workflow\.stages must be \('pieces',\) alone"):
-      workflow.WorkflowConfig(stages=("hypothesis", "pieces"))
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("pieces",), num_pieces=6))
+      workflow_config.WorkflowConfig(stages=("hypothesis", "pieces"))
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("pieces",), num_pieces=6))
     with self.assertRaisesRegex(ValueError, "has 4 pieces"):
       references.reference_segments(wf, lh.LongHorizonTasks().task("train", 0))
 

@@ -13,6 +13,7 @@ from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import synthetic
 
@@ -34,7 +35,7 @@ class ScriptedSampler:
     self.hang_code = hang_code
     self.calls = 0
     self.emitted = []  # per call: list of generated id arrays
-    self.wf = workflow_lib.Workflow(workflow_lib.WorkflowConfig())
+    self.wf = workflow_lib.Workflow(workflow_config.WorkflowConfig())
     self.closes = {TOK.token_id(s.close_token) for s in self.wf.stages}
 
   def _task(self, text):
@@ -86,7 +87,7 @@ class LoopTest(absltest.TestCase):
   def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
             in_flight=2):
     counting = streams.CountingPool(self.pool)
-    factory = lambda: workflow_cls(workflow_lib.WorkflowConfig(stage_rewards=stage_rewards),
+    factory = lambda: workflow_cls(workflow_config.WorkflowConfig(stage_rewards=stage_rewards),
                                    counting)
     num_stages = factory().num_stages
     replay = replay_lib.StagedReplay(group_size=G, num_stages=num_stages,

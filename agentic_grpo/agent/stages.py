@@ -66,7 +66,7 @@ class Stage:
   Attributes:
     kind: the registered stage kind (`STAGES`).
     name: the stage's name in the episode (the kind, or `debug_<r>` for debug round r).
-    config: the `workflow.WorkflowConfig` (not imported: the workflow imports the stages).
+    config: the `workflow_config.WorkflowConfig` (not imported: it imports the stages).
     prompt_format: the workflow's `prompts.PromptFormat`.
     open_token, close_token: the format's delimiters of this stage's output.
   """

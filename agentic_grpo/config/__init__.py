@@ -9,7 +9,7 @@ not silently fall back to a default).
 The library below this package only sees these dataclasses. Option vocabularies are defined once,
 in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses.AGGREGATIONS`,
 ...), and checked here against those tuples. The `workflow` section is the workflow's own config,
-`agent.workflow.WorkflowConfig`.
+`agent.workflow_config.WorkflowConfig`.
 
 * `train_config`: `TrainConfig` (every section, the checks between sections),
   `from_config_dict`, `to_dict`;

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Union
 
 from absl import logging
 
-from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.agent import workflow_config
 from agentic_grpo.config import algorithm
 from agentic_grpo.config import checks
 from agentic_grpo.config import model_task
@@ -45,7 +45,7 @@ class TrainConfig:
   seed: int = 0
   model: model_task.ModelSection = model_task.ModelSection()
   task: model_task.TaskSection = model_task.TaskSection()
-  workflow: workflow_lib.WorkflowConfig = workflow_lib.WorkflowConfig()
+  workflow: workflow_config.WorkflowConfig = workflow_config.WorkflowConfig()
   sandbox: runtime.SandboxSection = runtime.SandboxSection()
   rl: algorithm.RLSection = algorithm.RLSection()
   loss: algorithm.LossSection = algorithm.LossSection()
