@@ -279,6 +279,9 @@ def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
   return table
 
 
+# Long by design: one traced program, read top to bottom (prefill, the first token, the segmented
+# decode); its closures `place` and `step` share the traced shapes, row keys and stop tables, which
+# as separate functions would each take a dozen arguments.
 def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
                  stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p,
                  cache_shardings=None):
