@@ -56,7 +56,7 @@ MAY_CHANGE = frozenset({
     "task.eval_size",  # a changed held-out set only loses the paired gain (with a warning)
     "task.on_error",  # skip or stop on a malformed row: the same tasks when the load succeeds
     "sandbox.workers", "sandbox.timeout_s", "sandbox.cpu_s", "sandbox.memory_mb",
-    "sandbox.min_isolation",
+    "sandbox.job_budget_s", "sandbox.min_isolation",
     "rl.num_steps",  # the run's length (and the cosine schedule's)
     "rl.episode_budget",  # the run's length in episodes
     "rl.micro_batches",  # the same update, accumulated in other slices

@@ -1,10 +1,13 @@
 """The stdin/stdout judge: verdicts, adversarial programs, comparison, limits."""
 
+import marshal
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo.agent import sandbox as sb
+from agentic_grpo.agent.sandbox import runner
 from agentic_grpo.agent.sandbox import stdio
 
 V = stdio.StdioVerdict
@@ -177,6 +180,76 @@ class StdioJudgeTest(parameterized.TestCase):
     self.assertEqual(tolerant.verdict, V.PASSED)
 
 
+class LoopingCostTest(absltest.TestCase):
+  """What a program that never ends costs on many tests: about one time limit, not one per
+  test (a stdio job stops at its first error or at its budget; a `Program` shares one process
+  and one deadline among its tests)."""
+
+  N = 40  # each test's own deadline alone: N * (2 * 0.1 + 1) = 48 s of wall clock
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.pool = sb.SandboxPool(1, sb.Limits(cpu_seconds=1.0, wall_seconds=1.2))
+    cls.pool.start()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.close()
+    super().tearDownClass()
+
+  def _judge(self, program):
+    start = time.monotonic()
+    [result] = self.pool.map([program])
+    return result, time.monotonic() - start
+
+  def test_stop_on_error_ends_the_job_at_the_first_timeout(self):
+    tests = (stdio.StdioTest("1", "1"),) * self.N
+    r, wall = self._judge(stdio.StdioProgram("while True:\n  pass", tests, time_seconds=0.1,
+                                             stop_on_error=True))
+    self.assertEqual(r.verdicts, (V.TIMEOUT,) + (V.SKIPPED,) * (self.N - 1))
+    self.assertLess(wall, 8.0)
+
+  def test_budget_bounds_the_job_and_counts_tests_not_run_as_failed(self):
+    source = "x = int(input())\nwhile x:\n  pass\nprint(x)"
+    tests = (stdio.StdioTest("0", "0"),) + (stdio.StdioTest("1", "1"),) * self.N
+    r, wall = self._judge(stdio.StdioProgram(source, tests, time_seconds=0.1,
+                                             budget_seconds=2.5))
+    self.assertEqual(r.verdicts[0], V.PASSED)
+    self.assertEqual(r.verdicts[1], V.TIMEOUT)
+    self.assertEqual(r.num_passed, 1)
+    self.assertEqual(r.verdicts[-1], V.SKIPPED)
+    self.assertGreaterEqual(r.verdicts.count(V.SKIPPED), self.N - 3)
+    self.assertLess(wall, 9.0)
+
+  def test_budget_leaves_a_fast_program_alone(self):
+    tests = tuple(stdio.StdioTest(f"{i}", f"{i}") for i in range(10))
+    r, _ = self._judge(stdio.StdioProgram("print(input())", tests, budget_seconds=30.0))
+    self.assertEqual(r.verdicts, (V.PASSED,) * 10)
+
+  def test_function_program_shares_one_deadline(self):
+    io_tests = tuple(sb.IOTest((i,), i) for i in range(200))
+    r, wall = self._judge(sb.Program("def f(x):\n  while True:\n    pass", "f",
+                                     io_tests=io_tests))
+    self.assertEqual(r.verdict, sb.Verdict.TIMEOUT)
+    self.assertEqual(r.num_passed, 0)
+    self.assertLess(wall, 8.0)
+
+  def test_a_test_cut_by_the_budget_says_so(self):
+    program = stdio.StdioProgram("print(1)", _TESTS, time_seconds=1.0, budget_seconds=1.0)
+    self.assertEqual(program.budget, program.wall_seconds)  # at least one test's deadline
+    self.assertEqual(stdio.job(program, -1, {}, b"n")["budget"], 3.0)
+    cut = {"reason": runner.REASON_BUDGET, "status": 9, "cpu": 0.5, "maxrss": 0,
+           "stdout": b"", "tail": b"", "report": b""}
+    ok = dict(cut, reason=runner.REASON_NONE, status=0, stdout=b"3\n")
+    r = stdio.assemble(program, marshal.dumps([ok, cut]), b"n", 3.0)
+    self.assertEqual(r.verdicts, (V.PASSED, V.TIMEOUT))
+    self.assertIn("budget of 3s for all 2 tests ran out", r.error)
+    r = stdio.assemble(program, marshal.dumps([ok]), b"n", 3.0)
+    self.assertEqual(r.verdicts, (V.PASSED, V.SKIPPED))
+    self.assertEqual(r.num_passed, 1)
+
+
 class OutputsMatchTest(parameterized.TestCase):
 
   @parameterized.parameters(
@@ -228,12 +301,20 @@ class ValidationTest(parameterized.TestCase):
       dict(memory_bytes=2**20),
       dict(output_bytes=0),
       dict(abs_tol=-1.0),
+      dict(budget_seconds=0),
+      dict(budget_seconds=float("nan")),
+      dict(budget_seconds=True),
   )
   def test_bad_program(self, **kwargs):
     args = dict(source="print(1)", tests=(stdio.StdioTest("", "1"),))
     args.update(kwargs)
     with self.assertRaisesRegex(ValueError, "StdioProgram"):
       stdio.StdioProgram(**args)
+
+  def test_bad_limits(self):
+    for bad in (0, -1.0, float("inf"), "60"):
+      with self.assertRaisesRegex(ValueError, "Limits.stdio_budget_seconds"):
+        sb.Limits(stdio_budget_seconds=bad)
 
   def test_bad_test(self):
     with self.assertRaisesRegex(ValueError, "StdioTest.expected"):

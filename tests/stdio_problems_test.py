@@ -1,8 +1,11 @@
 """Tests for the `stdio` task source: the four layouts, auto-detection, malformed rows, the
 reference check at load time, and stdio tasks through the workflow's stages and judge."""
 
+import dataclasses
 import json
 import os
+import time
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -16,6 +19,7 @@ from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import stdio_problems
 from agentic_grpo.tasks import task as task_lib
+from agentic_grpo.train import components
 
 SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
 MAX = "input()\nprint(max(map(int, input().split())))\n"
@@ -407,6 +411,54 @@ class JudgedTest(absltest.TestCase):
     self.assertEqual((prog.time_seconds, prog.memory_bytes, prog.abs_tol), (1.5, 2**28, 0.01))
     [result] = self.pool.map([prog])
     self.assertEqual(result.verdict, sandbox.StdioVerdict.PASSED)
+
+  def _final(self, pool, reward_mode, source, n_hidden):
+    many = codecontests_row(name="many", time_limit={"seconds": 1, "nanos": 0},
+                            generated_tests={"input": [f"{i} 1\n" for i in range(n_hidden)],
+                                             "output": [f"{i + 1}\n" for i in range(n_hidden)]})
+    task = stdio_problems.row_to_task(many, 1, "cc.jsonl")
+    wf = workflow_lib.Workflow(workflow_config.WorkflowConfig(stages=("code",),
+                                                              reward_mode=reward_mode), pool)
+    eps = wf.start([task])
+    wf.open_stage(eps)
+    wf.close_stage(eps, [source + wf.stages[0].close_token])
+    start = time.monotonic()
+    final = wf.finish(eps)
+    return final, time.monotonic() - start, len(task.hidden_tests)
+
+  def test_a_looping_program_costs_one_time_limit_with_all_pass(self):
+    # 1 s per test (a wall deadline of 3 s): 30 tests, 90 s without the early stop.
+    final, wall, n = self._final(self.pool, "all_pass", "while True: pass\n", 30)
+    self.assertEqual((float(final.rewards[0]), int(final.num_passed[0]), int(final.num_tests[0])),
+                     (0.0, 0, n))
+    self.assertLess(wall, 15.0)
+    final, _, _ = self._final(self.pool, "all_pass", SUM, 30)  # the reward is unchanged
+    self.assertEqual(float(final.rewards[0]), 1.0)
+
+  def test_a_looping_program_costs_the_budget_with_fraction(self):
+    cfg = config_lib.TrainConfig()
+    self.assertEqual(cfg.sandbox.job_budget_s, 60.0)
+    cfg = dataclasses.replace(cfg, sandbox=dataclasses.replace(cfg.sandbox, workers=1,
+                                                               job_budget_s=4.0))
+    with components.sandbox_pool(cfg) as pool:
+      self.assertEqual(pool.limits.stdio_budget_seconds, 4.0)
+      final, wall, n = self._final(pool, "fraction", "while True: pass\n", 30)
+      self.assertEqual((float(final.rewards[0]), int(final.num_tests[0])), (0.0, n))
+      self.assertLess(wall, 15.0)
+      # The last of 6 hidden tests loops: the budget takes nothing from the others.
+      last = "a, b = map(int, input().split())\nwhile a == 3: pass\nprint(a + b)\n"
+      final, _, n = self._final(pool, "fraction", last, 4)
+      self.assertEqual(int(final.num_passed[0]), n - 1)
+      self.assertAlmostEqual(float(final.rewards[0]), (n - 1) / n, places=6)
+
+  def test_all_or_nothing_reaches_the_judge(self):
+    task = stdio_problems.row_to_task(codecontests_row(), 1, "cc.jsonl")
+    limits = sandbox.Limits(stdio_budget_seconds=30.0)
+    pool = types.SimpleNamespace(limits=limits)
+    stop = execution.hidden_program(task, SUM, pool, all_or_nothing=True)
+    budget = execution.hidden_program(task, SUM, pool)
+    self.assertEqual((stop.stop_on_error, stop.budget_seconds), (True, None))
+    self.assertEqual((budget.stop_on_error, budget.budget_seconds), (False, 30.0))
 
 
 if __name__ == "__main__":

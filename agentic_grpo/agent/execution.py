@@ -82,14 +82,29 @@ def stdio_tests(examples: Sequence[task_lib.Example]) -> tuple[sandbox.StdioTest
   return tuple(sandbox.StdioTest(e.args[0], e.expected) for e in examples)
 
 
-def program(task: task_lib.Task, source: str, examples: Sequence[task_lib.Example], pool=None
-            ) -> sandbox.Program | sandbox.StdioProgram:
+def program(task: task_lib.Task, source: str, examples: Sequence[task_lib.Example], pool=None,
+            *, all_or_nothing: bool = False) -> sandbox.Program | sandbox.StdioProgram:
   """The sandbox job of `source` on `examples` of `task`, by the task's kind.
 
   A `function` task gives a `sandbox.Program` of I/O tests of its entry point; a `stdio` task a
   `sandbox.StdioProgram` of stdin/stdout tests under the task's time and memory limits (those
   it leaves None from `pool.limits`: the run's `config.sandbox`; `sandbox.Limits()` without
   one) and float tolerance. Expected values stay in the trusted parent either way.
+
+  What a program that loops costs is bounded by the way the job is scored (a stdio job runs
+  one process per test, each under its own deadline, so without a rule a looping program
+  would cost a deadline per test):
+
+  * `all_or_nothing=True` (`reward_mode='all_pass'`, reference checks): `stop_on_error`; the
+    first test that times out, crashes or hits a limit ends the job (the rest are SKIPPED).
+    The score is 0 either way, so no reward changes; only `num_passed` of a failing program
+    may be smaller.
+  * a fraction of tests (the default): the job's wall clock is capped at
+    `pool.limits.stdio_budget_seconds` (`config.sandbox.job_budget_s`; at least one test's
+    deadline); the tests not run count as failed.
+
+  A `Program` (function task) needs neither: its tests share one process under one deadline
+  (`Limits.wall_seconds`), whatever their number.
 
   Raises:
     ValueError: from the program's constructor (e.g. no examples for a stdio task).
@@ -102,7 +117,8 @@ def program(task: task_lib.Task, source: str, examples: Sequence[task_lib.Exampl
       source, stdio_tests(examples),
       time_seconds=spec.time_seconds if spec.time_seconds is not None else limits.cpu_seconds,
       memory_bytes=spec.memory_bytes if spec.memory_bytes is not None else limits.memory_bytes,
-      abs_tol=spec.abs_tol, rel_tol=spec.rel_tol)
+      abs_tol=spec.abs_tol, rel_tol=spec.rel_tol, stop_on_error=all_or_nothing,
+      budget_seconds=None if all_or_nothing else limits.stdio_budget_seconds)
 
 
 def failure_details(result) -> tuple[tuple, tuple]:
@@ -129,10 +145,11 @@ def _check_function(script: str) -> Optional[str]:
   return "check" if defines else None
 
 
-def hidden_program(task: task_lib.Task, source: str, pool=None
+def hidden_program(task: task_lib.Task, source: str, pool=None, *, all_or_nothing: bool = False
                    ) -> sandbox.Program | sandbox.StdioProgram:
   """`source` run on the task's hidden tests (I/O tests, and its hidden script); a `stdio`
-  task's program on its hidden stdin/stdout tests (`program`, limits from `pool`).
+  task's program on its hidden stdin/stdout tests (`program`, limits from `pool`, stopping
+  early or under a budget by `all_or_nothing`).
 
   A HumanEval-style `check(candidate)` script is split by
   `check_split.split_check`: its `assert candidate(...) == literal` lines
@@ -140,7 +157,7 @@ def hidden_program(task: task_lib.Task, source: str, pool=None
   test (none when nothing is left).
   """
   if task.stdio is not None:
-    return program(task, source, task.hidden_tests, pool)
+    return program(task, source, task.hidden_tests, pool, all_or_nothing=all_or_nothing)
   script = task.hidden_script or None
   tests = io_tests(task.hidden_tests)
   check = _check_function(script) if script else None
@@ -184,10 +201,11 @@ def reference_failures(tasks: Sequence[task_lib.Task], pool) -> list[Optional[st
   are sometimes wrong, see `drop_failing_public_examples`). None for tasks without a reference
   and, logged, when the sandbox pool fails (the check is then inconclusive).
   """
-  def job(t):
+  def job(t):  # all or nothing: a reference passes every test or its task is dropped
     if t.stdio is not None:
-      return program(t, t.reference_solution, t.public_examples + t.hidden_tests, pool)
-    return hidden_program(t, t.reference_solution, pool)
+      return program(t, t.reference_solution, t.public_examples + t.hidden_tests, pool,
+                     all_or_nothing=True)
+    return hidden_program(t, t.reference_solution, pool, all_or_nothing=True)
   guard = Guard("reference_check", collections.Counter())
   programs = [guard(lambda t=t: job(t), None) if t.reference_solution is not None else None
               for t in tasks]

@@ -175,7 +175,7 @@ def _public_scores(episodes, parsed, pool, guard, with_verified, all_pass=False)
       programs.append(None)
     else:
       programs.append(guard(lambda ep=ep, tests=tests: execution.program(
-          ep.task, ep.code, tests, pool), None))
+          ep.task, ep.code, tests, pool, all_or_nothing=all_pass), None))
   results = execution.run_programs(pool, programs, guard)
   out = []
   for ep, p, r in zip(episodes, parsed, results):

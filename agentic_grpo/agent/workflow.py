@@ -232,7 +232,9 @@ class Workflow:
   def finish(self, episodes: Sequence[episodes_lib.Episode]) -> episodes_lib.FinalResult:
     """Final rewards of each episode's last code on the hidden tests (one pool call): the
     fraction passed, or 1/0 for all passed with `reward_mode='all_pass'`. Episodes may have
-    finished all stages or stopped early. `num_passed`/`num_tests` always count tests.
+    finished all stages or stopped early. `num_passed`/`num_tests` always count tests (a stdio
+    job stops at its first error with `all_pass`, or at `config.sandbox.job_budget_s` with
+    `fraction`: the tests it did not run count as not passed; `execution.program`).
 
     Raises:
       ValueError: for an empty batch or an episode with an open stage.
@@ -246,8 +248,9 @@ class Workflow:
       time.sleep(self.config.final_reward_delay_s)  # a slow judge
     guard = execution.Guard(FINAL, self.error_counts)
     programs = [None if ep.code is None
-                else guard(lambda ep=ep: execution.hidden_program(ep.task, ep.code, self.pool),
-                                         None)
+                else guard(lambda ep=ep: execution.hidden_program(
+                    ep.task, ep.code, self.pool,
+                    all_or_nothing=self.config.reward_mode == stages_lib.ALL_PASS), None)
                 for ep in episodes]
     results = execution.run_programs(self.pool, programs, guard)
     rewards, passed, total = [], [], []

@@ -46,6 +46,9 @@ class WorkflowConfig:
       tests: `all_pass` is what pass@1 counts) and to the code and debug stage rewards (public
       and verified own tests). Partial credit rewards wrong programs that agree with the
       reference on some inputs (`max` for `min` on one-element lists, `x` for `sorted(x)`).
+      It also bounds what a looping stdio program costs (`execution.program`): with `all_pass`
+      its job stops at the first test in error; with `fraction` at `config.sandbox.
+      job_budget_s` of wall clock.
     reference_fix_fraction: the share of reference episodes (drawn per task id) whose first
       code is a *near miss* (`synthetic.near_miss`: a wrong program one edit from the
       reference that fails a public example), followed by the first debug stage's observation

@@ -2,6 +2,7 @@
 logs and the device mesh."""
 
 import dataclasses
+import math
 
 from agentic_grpo.agent import sandbox as sandbox_lib
 from agentic_grpo.config import checks
@@ -20,12 +21,19 @@ class SandboxSection:
     timeout_s: wall-clock limit per program, seconds.
     cpu_s: CPU-time limit per program, seconds.
     memory_mb: memory limit per program, MiB (>= 64).
+    job_budget_s: wall-clock seconds for all tests of one stdin/stdout job scored by a
+      fraction of tests (`workflow.reward_mode='fraction'`, evaluation): a program that loops
+      would otherwise cost a time limit per test (CodeContests has ~200 tests a problem). A
+      test still running at the end is killed and the tests after it count as failed; each
+      job gets at least one test's deadline. 0: no budget. With `reward_mode='all_pass'` a
+      job stops at its first test in error instead (`agent.execution.program`).
     min_isolation: weakest isolation accepted: `hook`, `landlock` or `namespaces`.
   """
   workers: int = 2
   timeout_s: float = 2.0
   cpu_s: float = 2.0
   memory_mb: int = 512
+  job_budget_s: float = 60.0
   min_isolation: str = "hook"
 
   def validate(self, path: str) -> None:
@@ -34,6 +42,9 @@ class SandboxSection:
     checks.check(self.timeout_s > 0, f"{path}.timeout_s", "must be > 0", self.timeout_s)
     checks.check(self.cpu_s > 0, f"{path}.cpu_s", "must be > 0", self.cpu_s)
     checks.check(self.memory_mb >= 64, f"{path}.memory_mb", "must be >= 64", self.memory_mb)
+    checks.check(math.isfinite(self.job_budget_s) and self.job_budget_s >= 0,
+                 f"{path}.job_budget_s", "must be a finite number >= 0 (0 = none)",
+                 self.job_budget_s)
 
 
 @dataclasses.dataclass(frozen=True)

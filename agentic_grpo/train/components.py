@@ -100,7 +100,8 @@ def sandbox_pool(cfg: config_lib.TrainConfig) -> sandbox.SandboxPool:
   """A sandbox pool from the `sandbox` section (at least `sandbox.min_isolation`)."""
   return sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
       cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
-      memory_bytes=cfg.sandbox.memory_mb * 2**20),
+      memory_bytes=cfg.sandbox.memory_mb * 2**20,
+      stdio_budget_seconds=cfg.sandbox.job_budget_s or None),
       isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
 
 

@@ -234,7 +234,7 @@ class SandboxPool:
       nonce = secrets.token_hex(16).encode("ascii")
       job = stdio.job(program, program_judge.nproc(limits, self._plan), dict(isolation_lib.ENV),
                       nonce)
-      raw = worker.run(job, program.wall_seconds * len(program.tests) + 2.0)
+      raw = worker.run(job, program.job_seconds + 2.0)
       return stdio.assemble(program, raw.report, nonce, time.monotonic() - start)
     except BaseException as e:  # pylint: disable=broad-except
       return stdio.error_result(program, f"sandbox failure: {e}", time.monotonic() - start)

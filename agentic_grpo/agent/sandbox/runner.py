@@ -61,7 +61,10 @@ and stderr on separate pipes and the job's limits per test; the child runs
 the program as `__main__` and reports `S`, `L <kind> <hex>` or `D`. The
 RESULT frame's report is then the `marshal` list of per-test dicts (exit
 status, CPU, wall, peak RSS, limit hit, stdout, stderr tail, report lines);
-the parent compares the outputs.
+the parent compares the outputs. The list is shorter than the inputs when the
+job stopped early: after a test that ended in an error with `stop_on_error`,
+or when the job's wall-clock `budget` (seconds, or None) ran out; a test still
+running at the end of the budget is killed (reason `budget`).
 
 `<kind>` is `M` (MemoryError), `O` (file size limit hit), `U` (return value
 not a plain literal or too large) or `E` (anything else). `<hex>` is a UTF-8
@@ -90,6 +93,7 @@ REASON_CPU = "cpu"
 REASON_OUTPUT = "output"
 REASON_REPORT = "report"
 REASON_SPAWN = "spawn"
+REASON_BUDGET = "budget"  # a stdio job's wall-clock budget ended this test
 
 # Modules imported by the server before it forks jobs. Untrusted code finds
 # them in `sys.modules`, which matters where the standard library directory
@@ -1096,9 +1100,11 @@ def _run_job(job, root, counter, uid, allow_fork, ns_init, hook_args, views):
 
 # Long by design: one stdin/stdout test's lifecycle (fork, feed stdin, drain stdout under the output
 # cap and the wall clock, classify the exit), in the order the pipes need.
-def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
+def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args, job_deadline=None):
   """Runs the program once on `data` (bytes on stdin); returns the test's dict.
 
+  The test ends at its own wall-clock limit or at `job_deadline` (monotonic
+  seconds; None: none), whichever comes first (reason `deadline` or `budget`).
   Keys: status (wait status), cpu (seconds), wall (seconds), maxrss (KiB),
   reason (a REASON_*), stdout (bytes, at most the output cap), tail (the last
   TAIL_BYTES of stderr), report (the nonce-tagged report lines).
@@ -1125,6 +1131,9 @@ def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
     os.close(fd)
   limits = job["limits"]
   deadline, out_cap, rep_cap = start + limits["wall"], limits["output"], limits["report"]
+  expired = REASON_DEADLINE
+  if job_deadline is not None and job_deadline < deadline:
+    deadline, expired = job_deadline, REASON_BUDGET
   pidfd = os.pidfd_open(pid)
   bufs = {out_r: bytearray(), err_r: bytearray(), rep_r: bytearray()}
   poller = select.poll()
@@ -1161,7 +1170,7 @@ def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
   while running and reason == REASON_NONE:
     timeout = deadline - time.monotonic()
     if timeout <= 0:
-      reason = REASON_DEADLINE
+      reason = expired
       break
     for fd, _ in poller.poll(timeout * 1000):
       if fd == pidfd:
@@ -1195,9 +1204,16 @@ def _run_stdio_test(job, data, workdir, uid, ns_init, hook_args):
 def _run_stdio_job(job, root, counter, uid, ns_init, hook_args, views):
   """Runs a stdin/stdout job: the program once per input, each in a fresh
   working directory and fresh views; returns the RESULT frame whose report is
-  the `marshal` list of the tests' dicts (`_run_stdio_test`)."""
+  the `marshal` list of the tests' dicts (`_run_stdio_test`). Stops early after
+  an error with `stop_on_error`, and when the `budget` (wall-clock seconds for
+  all tests, or None) is spent: the inputs not run get no dict."""
+  import time  # pylint: disable=g-import-not-at-top
+  budget = job.get("budget")
+  job_deadline = None if budget is None else time.monotonic() + budget
   tests = []
   for i, data in enumerate(job["inputs"]):
+    if job_deadline is not None and time.monotonic() >= job_deadline:
+      break
     workdir = os.path.join(root, "job%d_%d" % (counter, i))
     if os.path.islink(workdir):
       os.unlink(workdir)
@@ -1207,7 +1223,7 @@ def _run_stdio_job(job, root, counter, uid, ns_init, hook_args, views):
     if uid >= 0:
       os.chown(workdir, uid, uid)
     try:
-      tests.append(_run_stdio_test(job, data, workdir, uid, ns_init, hook_args))
+      tests.append(_run_stdio_test(job, data, workdir, uid, ns_init, hook_args, job_deadline))
     finally:
       _remove_tree(workdir)
       for view in views:

@@ -44,8 +44,9 @@ class StdioVerdict(enum.StrEnum):
   RUNTIME_ERROR: an exception, a non-zero exit, a signal, a program that does
   not compile, or a sandbox failure (`StdioResult.error` says which).
   OUTPUT_LIMIT: stdout plus stderr over `output_bytes`.
-  SKIPPED: not run, because an earlier test ended in an error and the program
-  asked `stop_on_error`.
+  SKIPPED: not run: an earlier test ended in an error and the program asked
+  `stop_on_error`, or the program's `budget_seconds` ran out first. A skipped
+  test counts as not passed.
   """
   PASSED = "passed"
   WRONG_ANSWER = "wrong_answer"
@@ -90,7 +91,15 @@ class StdioProgram:
       numbers, not both integers (`outputs_match`); 0 and 0 compare every
       token exactly.
     stop_on_error: after a test that timed out, crashed or hit a limit, skip
-      the rest (they get SKIPPED); wrong answers never stop the run.
+      the rest (they get SKIPPED); wrong answers never stop the run (the
+      sandbox never sees expected outputs). For an all-or-nothing score: it
+      changes `num_passed` only of a program that fails anyway.
+    budget_seconds: wall-clock seconds for all tests together, or None (each
+      test has only its own deadline, so a program that loops costs about
+      `len(tests) * wall_seconds`). A test still running when the budget ends
+      is killed (TIMEOUT); the tests after it are SKIPPED. A budget under
+      `wall_seconds` counts as `wall_seconds` (the first test always gets its
+      whole limit): see `budget`.
   """
   source: str
   tests: Sequence[StdioTest]
@@ -100,6 +109,7 @@ class StdioProgram:
   abs_tol: float = 0.0
   rel_tol: float = 0.0
   stop_on_error: bool = False
+  budget_seconds: float | None = None
 
   def __post_init__(self):
     if not isinstance(self.source, str):
@@ -123,11 +133,29 @@ class StdioProgram:
     if not isinstance(self.output_bytes, int) or self.output_bytes <= 0:
       raise ValueError(f"StdioProgram.output_bytes must be a positive int, got "
                        f"{self.output_bytes!r}")
+    budget = self.budget_seconds
+    if budget is not None and (not isinstance(budget, (int, float)) or isinstance(budget, bool)
+                               or not math.isfinite(budget) or budget <= 0):
+      raise ValueError(f"StdioProgram.budget_seconds must be None or a finite number > 0, "
+                       f"got {budget!r}")
 
   @property
   def wall_seconds(self) -> float:
     """The wall-clock deadline of one test."""
     return WALL_FACTOR * self.time_seconds + WALL_SLACK
+
+  @property
+  def budget(self) -> float | None:
+    """The job's wall-clock budget in force: `max(budget_seconds, wall_seconds)`, or None."""
+    if self.budget_seconds is None:
+      return None
+    return max(float(self.budget_seconds), self.wall_seconds)
+
+  @property
+  def job_seconds(self) -> float:
+    """The longest the whole job may run: every test's deadline, or the budget."""
+    total = self.wall_seconds * len(self.tests)
+    return total if self.budget is None else min(total, self.budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +259,7 @@ def job(program: StdioProgram, nproc: int, env: dict, nonce: bytes) -> dict:
       "inputs": [t.input.encode("utf-8") if isinstance(t.input, str) else bytes(t.input)
                  for t in program.tests],
       "stop_on_error": bool(program.stop_on_error),
+      "budget": program.budget,
       "env": env,
       "limits": {
           "cpu": max(1, math.ceil(program.time_seconds)),
@@ -280,6 +309,9 @@ def _judge(program: StdioProgram, test: StdioTest, t: dict,
   reason, status = t["reason"], t["status"]
   if reason == runner.REASON_OUTPUT:
     return StdioVerdict.OUTPUT_LIMIT, f"output exceeded {program.output_bytes} bytes"
+  if reason == runner.REASON_BUDGET:
+    return StdioVerdict.TIMEOUT, (f"the job's budget of {program.budget:g}s for all "
+                                  f"{len(program.tests)} tests ran out")
   if reason in (runner.REASON_DEADLINE, runner.REASON_CPU):
     return StdioVerdict.TIMEOUT, (f"time limit of {program.time_seconds:g}s exceeded"
                                   f" ({'wall clock' if reason == runner.REASON_DEADLINE else 'CPU'})")

@@ -47,6 +47,12 @@ class Limits:
       (RLIMIT_NPROC on a per-sandbox uid or user namespace).
     output_bytes: stdout plus stderr; more ends the run with OUTPUT_LIMIT.
     result_bytes: the encoded return values of all I/O tests together.
+    stdio_budget_seconds: wall-clock seconds for all tests of one stdin/stdout
+      job (`StdioProgram.budget_seconds`, which each test's own deadline cannot
+      bound: a program that loops would cost a deadline per test), given to the
+      stdio jobs scored by a fraction of tests (`agent.execution.program`); None:
+      no budget. A `Program`'s tests share one process, so `wall_seconds` is
+      already the budget of its whole job.
   """
   cpu_seconds: float = 2.0
   wall_seconds: float = 5.0
@@ -55,6 +61,7 @@ class Limits:
   max_processes: int = 8
   output_bytes: int = 64 * 2**10
   result_bytes: int = 2**20
+  stdio_budget_seconds: float | None = None
 
   def __post_init__(self):
     for name in ("cpu_seconds", "wall_seconds"):
@@ -66,6 +73,11 @@ class Limits:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+    budget = self.stdio_budget_seconds
+    if budget is not None and (not isinstance(budget, (int, float)) or isinstance(budget, bool)
+                               or not math.isfinite(budget) or budget <= 0):
+      raise ValueError(f"Limits.stdio_budget_seconds must be None or a positive finite number, "
+                       f"got {budget!r}")
     if self.memory_bytes < 64 * 2**20:
       raise ValueError(f"Limits.memory_bytes must be at least 64 MiB (the interpreter "
                        f"needs it), got {self.memory_bytes!r}")
