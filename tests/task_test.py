@@ -1,6 +1,9 @@
 """Tests for agentic_grpo.tasks.task."""
 
+import concurrent.futures
+import gc
 import json
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -65,6 +68,45 @@ class LiteralTest(parameterized.TestCase):
     for text in ("open('x')", "1" * 10_000, "[1,"):
       with self.assertRaises(ValueError):
         task_lib.parse_value(text)
+
+
+  def test_parse_value_in_threads(self):
+    # Threads at different stack depths, with the garbage collector running finalizers (Python
+    # code, so the GIL can pass to another thread) in the middle of AST construction: what a
+    # data pipeline decoding records in threads sees. Unserialised, some parses fail.
+    text = repr([((list(range(i % 7)),), i) for i in range(100)])
+    want = task_lib.parse_value(text)
+
+    class Junk:
+      def __init__(self):
+        self.me = self
+
+      def __del__(self):
+        sum(range(50))
+
+    def deep(n):
+      return task_lib.parse_value(text) if n == 0 else deep(n - 1)
+
+    def work(k):
+      wrong = 0
+      for _ in range(100):
+        for _ in range(20):
+          Junk()
+        try:
+          wrong += deep(7 * k) != want
+        except ValueError:
+          wrong += 1
+      return wrong
+
+    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-5)
+    gc.set_threshold(50)
+    try:
+      with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        self.assertEqual(sum(pool.map(work, range(8))), 0)
+    finally:
+      sys.setswitchinterval(interval)
+      gc.set_threshold(*threshold)
 
 
 class TaskTest(parameterized.TestCase):

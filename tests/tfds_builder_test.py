@@ -1,16 +1,115 @@
 """Tests for agentic_grpo.tasks.tfds_builder: array_record build, data source, grain pipeline."""
 
+import json
 import shutil
 import sys
 import tempfile
 
 from absl.testing import absltest
+from etils import epath
 
 from agentic_grpo import config as config_lib
+from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.tasks import tfds_builder
+
+
+def _stdio_record(i: int, time_seconds: float) -> dict:
+  """A stdio task record as a data set built by an older version may hold it: the limit is
+  written as is, even over today's `task.MAX_TIME_SECONDS`."""
+  t = task_lib.Task(task_id=f"legacy-{i}", prompt="Print a + b.\n", entry_point="main",
+                    signature="main()", public_examples=(task_lib.Example(("1 2\n",), "3\n"),),
+                    hidden_tests=(task_lib.Example(("5 7\n",), "12\n"),), source="stdio",
+                    stdio=task_lib.StdioSpec(time_seconds=2.0))
+  d = task_lib.task_to_dict(t)
+  d["stdio"]["time_seconds"] = time_seconds
+  return {"task_id": t.task_id, "task": json.dumps(d), "program": "", "difficulty": 0}
+
+
+class LegacyStdio(tfds_builder.SyntheticCoding):
+  """Five stdio tasks a split; record 1 asks 1000 s (over the cap), record 3 is not JSON."""
+
+  BUILDER_CONFIGS = [tfds_builder.SyntheticCodingConfig(
+      name="tiny", num_train=5, num_validation=5, num_test=5)]
+  DEFAULT_CONFIG_NAME = "tiny"
+  pkg_dir_path = epath.Path(tfds_builder.__file__).parent  # a test module is not a package
+
+  def _generate_examples(self, split):
+    for i in range(5):
+      record = _stdio_record(i, 1000.0 if i == 1 else 2.0)
+      if i == 3:
+        record["task"] = "{not json"
+      yield i, record
+
+
+class UndecodableRecordsTest(absltest.TestCase):
+  """A record that does not decode is read during the run: skipped and counted, or raised
+  naming the data set, split and record; never another error mid-run."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.data_dir = tempfile.mkdtemp(prefix="tfds_legacy_test")
+    LegacyStdio(data_dir=cls.data_dir, file_format="array_record").download_and_prepare()
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.data_dir, ignore_errors=True)
+    super().tearDownClass()
+
+  def _section(self, **kw):
+    section = config_lib.TaskSection(source="tfds", path=self.data_dir,
+                                     tfds_name="legacy_stdio/tiny", **kw)
+    section.validate("task")
+    return section
+
+  def _stored(self, split):
+    """The split's data source and its task ids in stored order (TFDS shuffles on writing)."""
+    source = tfds_builder.tfds.data_source("legacy_stdio/tiny", split=split,
+                                           data_dir=self.data_dir, download=False)
+    return source, [r["task_id"].decode() for r in source]
+
+  def test_task_source_skips_and_counts(self):
+    tasks = sources.TASK_SOURCES.get("tfds")(self._section())
+    _, ids = self._stored("train")
+    good = {"legacy-0", "legacy-2", "legacy-4"}
+    # A bad record gives the next record that decodes (cyclically): every process agrees.
+    want = [next(ids[(i + k) % 5] for k in range(5) if ids[(i + k) % 5] in good)
+            for i in range(10)]
+    self.assertEqual([tasks.task("train", i).task_id for i in range(10)], want)
+    self.assertEqual(tasks.skipped, 2)
+    self.assertEqual(tasks.task("test", ids.index("legacy-1")).stdio.time_seconds, 2.0)
+
+  def test_task_source_raises_naming_the_record(self):
+    tasks = sources.TASK_SOURCES.get("tfds")(self._section(on_error="raise"))
+    _, ids = self._stored("validation")
+    self.assertEqual(tasks.task("validation", ids.index("legacy-0")).task_id, "legacy-0")
+    over, garbled = ids.index("legacy-1"), ids.index("legacy-3")
+    with self.assertRaisesRegex(loading.RecordError, rf"data set 'legacy_stdio/tiny', split "
+                                rf"'validation', record {over}: ValueError: .*StdioSpec\."
+                                rf"time_seconds must be a number in \(0, 60\]"):
+      tasks.task("validation", over)
+    with self.assertRaisesRegex(loading.RecordError, rf"record {garbled}: .*not JSON"):
+      tasks.task("validation", garbled + 5)
+
+  def test_grain_pipeline_skips_or_raises(self):
+    source, ids = self._stored("train")
+    ds = tfds_builder.task_dataset(source, dataset="legacy_stdio/tiny", split="train")
+    want = [i for i in ids if i in ("legacy-0", "legacy-2", "legacy-4")]
+    self.assertEqual([t.task_id for t in ds], want)
+    self.assertIsNone(ds[ids.index("legacy-1")])
+    twice = tfds_builder.task_dataset(source, seed=1, num_epochs=2, shard_index=0,
+                                      shard_count=1)
+    self.assertCountEqual([t.task_id for t in twice], want * 2)
+    strict = tfds_builder.task_dataset(source, on_error="raise", dataset="legacy_stdio/tiny",
+                                       split="train")
+    with self.assertRaisesRegex(loading.RecordError,
+                                rf"split 'train', record {min(ids.index('legacy-1'), ids.index('legacy-3'))}: "):
+      list(strict)
+    with self.assertRaisesRegex(ValueError, "on_error"):
+      tfds_builder.task_dataset(source, on_error="ignore")
 
 
 class TfdsBuilderTest(absltest.TestCase):

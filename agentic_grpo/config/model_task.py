@@ -98,7 +98,9 @@ class TaskSection:
       (`tasks.finite`): independent of file order, process and machine.
     split_seed: finite sources: seed of that split rule.
     on_error: finite sources: `skip` (log and count malformed rows) or `raise` (stop at the
-      first, naming file, row and field).
+      first, naming file, row and field); `tfds` source: the same for a record that does not
+      decode when it is read (skipped: the next record; raised: naming data set, split and
+      record index).
     stdio_layout: `stdio` source: the JSONL layout, `auto` (detected per row) or
       `codecontests`, `apps`, `taco`, `livecodebench` (`tasks.stdio_problems`).
     check_references: finite sources: run each reference solution on its own tests in the

@@ -1,4 +1,5 @@
-"""Shared pieces of the dataset loaders: row errors, JSONL reading, assert and doctest parsing."""
+"""Shared pieces of the dataset loaders: row and record errors, JSONL reading, assert and doctest
+parsing."""
 
 import ast
 import doctest
@@ -21,6 +22,15 @@ class RowError(ValueError):
     self.path, self.row, self.field = path, row, field
     where = f"{path}: row {row}" + (f", field {field!r}" if field else "")
     super().__init__(f"{where}: {message}")
+
+
+class RecordError(ValueError):
+  """A record of a lazily read data set (TFDS) that does not decode to a task: names the data
+  set, the split and the record's index in it."""
+
+  def __init__(self, dataset: str, split: str, index: int, message: str):
+    self.dataset, self.split, self.index = dataset, split, index
+    super().__init__(f"data set {dataset!r}, split {split!r}, record {index}: {message}")
 
 
 def check_on_error(on_error: str) -> None:

@@ -22,7 +22,10 @@ Malformed rows (also a repeated task id) are skipped and counted (logged) or, wi
 gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With
 `task.check_references` (the default) the finite sources also run every reference solution on
 its own tests in a sandbox at load time (one pool call) and treat a problem whose reference
-fails as a malformed row.
+fails as a malformed row. The finite sources decode every row at load time; the `tfds` source
+decodes a record when it is read, during the run, so a record that does not decode is skipped
+and counted there (`TfdsTasks`), or, with `task.on_error="raise"`, a `loading.RecordError`
+naming the data set, split and record index.
 
 Public tests (HumanEval's docstring examples, MBPP's first test, a problem statement's samples)
 feed the stage rewards; the hidden tests (HumanEval's `check`, MBPP's tests, a problem's
@@ -31,6 +34,8 @@ private and generated tests) only the final reward.
 
 import os
 from typing import Any, Optional, Protocol
+
+from absl import logging
 
 from agentic_grpo import registry
 from agentic_grpo.agent import execution
@@ -181,23 +186,32 @@ class TfdsTasks:
   """The splits of a prepared TFDS data set whose records hold a task JSON (`task` feature,
   as `tasks.tfds_builder` writes), read by random access (`tfds.data_source`, no TensorFlow).
 
-  Task `index` of a split is record `index mod size(split)`.
+  Task `index` of a split is record `index mod size(split)`, or, when that record does not
+  decode (a data set built by an older version whose tasks today's `Task` refuses, e.g. a stdio
+  limit over `task.MAX_TIME_SECONDS`; a damaged record), the next record that does (cyclically):
+  the same task for the same index in every process. Records are decoded when read, during the
+  run: a bad one is skipped, logged once and counted (`skipped`), or, with `on_error="raise"`,
+  a `loading.RecordError` naming the data set, split and record index.
   """
 
-  def __init__(self, name: str, data_dir: str):
+  def __init__(self, name: str, data_dir: str, on_error: str = "skip"):
     """Opens the `train`, `validation` and `test` splits of builder `name` (`name/config`,
     optionally `:version`) in `data_dir`.
 
     Raises:
-      ValueError: for an empty `name` or `data_dir`, or a split that is missing or empty.
+      ValueError: for an empty `name` or `data_dir`, an unknown `on_error`, or a split that is
+        missing or empty.
     """
+    loading.check_on_error(on_error)
     if not name or not data_dir:
       raise ValueError(f"the tfds source needs config.task.tfds_name (got {name!r}) and "
                        f"config.task.path, its data_dir (got {data_dir!r})")
     # Imported here: TFDS and grain load slowly, and only this source needs them.
     from agentic_grpo.tasks import tfds_builder  # pylint: disable=g-import-not-at-top
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    self._decode = tfds_builder.decode_task
+    self._decode = tfds_builder.decode_record
+    self._name, self._on_error = name, on_error
+    self._bad: dict[str, dict[int, loading.RecordError]] = {s: {} for s in synthetic.SPLITS}
     self._splits = {}
     for split in synthetic.SPLITS:
       try:
@@ -213,16 +227,36 @@ class TfdsTasks:
     """Records in `split`."""
     return len(self._split(split))
 
+  @property
+  def skipped(self) -> int:
+    """Records found so far that do not decode (all splits)."""
+    return sum(len(bad) for bad in self._bad.values())
+
   def task(self, split: str, index: int) -> task_lib.Task:
-    """Task `index mod size(split)` of `split`.
+    """Task `index mod size(split)` of `split` (or the next record that decodes).
 
     Raises:
-      ValueError: for an unknown split, a negative index, or a record that is not a task.
+      ValueError: for an unknown split, a negative index, or a split none of whose records
+        decodes.
+      loading.RecordError: with `on_error="raise"`, for a record that does not decode.
     """
     if not isinstance(index, int) or index < 0:
       raise ValueError(f"index must be an int >= 0, got {index!r}")
-    part = self._split(split)
-    return self._decode(part[index % len(part)])
+    part, bad = self._split(split), self._bad[split]
+    n = len(part)
+    for record in ((index + step) % n for step in range(n)):
+      if record in bad:
+        continue
+      try:
+        return self._decode(part, record, self._name, split)
+      except loading.RecordError as e:
+        if self._on_error == "raise":
+          raise
+        bad[record] = e
+        logging.warning("skipping a record that does not decode (%d so far): %s",
+                        self.skipped, e)
+    raise ValueError(f"tfds data set {self._name!r}: none of the {n} records of split "
+                     f"{split!r} decodes to a task; the first: {bad[min(bad)]}")
 
   def _split(self, split: str):
     if split not in self._splits:
@@ -233,12 +267,13 @@ class TfdsTasks:
 @TASK_SOURCES.register("tfds")
 def tfds_source(section: Any) -> TfdsTasks:
   """The prepared TFDS data set `task.tfds_name` (e.g. `synthetic_coding/tiny`) in the data
-  directory `task.path`: its own `train`/`validation`/`test` splits (no hash split).
+  directory `task.path`: its own `train`/`validation`/`test` splits (no hash split). A record
+  that does not decode is skipped and counted, or raised by `task.on_error`.
 
   Raises:
     ValueError: without a name or directory, or for a missing or empty split.
   """
-  return TfdsTasks(section.tfds_name, section.path)
+  return TfdsTasks(section.tfds_name, section.path, on_error=section.on_error)
 
 
 @TASK_SOURCES.register("long_horizon")

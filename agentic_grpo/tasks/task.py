@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import json
 import math
+import threading
 from typing import Any, Mapping, Optional, Sequence
 
 ARROW = "->"
@@ -202,15 +203,23 @@ def format_example(example: Example) -> str:
   return f"{format_args(example.args)}{ARROW}{format_value(example.expected)}"
 
 
+# CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state: two threads
+# building ASTs at once (one paused by a finalizer the garbage collector runs mid-construction)
+# fail with a spurious `SystemError: AST constructor recursion depth mismatch` (CPython issue
+# 106905). Data pipelines decode task records in threads (grain), so parsing is serialised.
+_AST_LOCK = threading.RLock()
+
+
 def parse_value(text: str) -> Any:
-  """Reads a literal with `ast.literal_eval`.
+  """Reads a literal with `ast.literal_eval`; safe to call from several threads at once.
 
   Raises:
     ValueError: if `text` is not a Python literal (any parser failure, including recursion or
       integer-size limits, is reported as ValueError).
   """
   try:
-    return ast.literal_eval(text.strip())
+    with _AST_LOCK:
+      return ast.literal_eval(text.strip())
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"not a literal: {text!r:.80}") from e
 

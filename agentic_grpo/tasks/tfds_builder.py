@@ -8,15 +8,23 @@ program). Reading uses `tfds.data_source` / `builder.as_data_source()` and
     builder = SyntheticCoding(config="tiny", data_dir=d, file_format="array_record")
     builder.download_and_prepare()
     ds = task_dataset(builder.as_data_source()["train"], seed=0)   # grain.MapDataset of Task
+
+Records are decoded when they are read, long after the data set was built (by an older version,
+perhaps, whose tasks today's `Task` refuses: a stdio time limit over `task.MAX_TIME_SECONDS`).
+A record that does not decode is skipped and counted (logged), or, with `on_error="raise"`, a
+`loading.RecordError` naming the data set, split and record index: never an error of another
+kind in the middle of a run.
 """
 
 import dataclasses
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from absl import logging
 import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
+from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
@@ -105,10 +113,48 @@ def decode_task(record: Mapping[str, Any]) -> task_lib.Task:
   return task_lib.task_from_json(raw)
 
 
+def decode_record(source: Any, index: int, dataset: str, split: str) -> task_lib.Task:
+  """Record `index` of `source` (a data source, or anything indexable) read and decoded as a
+  `Task` (`decode_task`).
+
+  Raises:
+    loading.RecordError: naming `dataset`, `split` and `index`, for a record that cannot be
+      read or decoded, whatever the cause (the record is data: any exception is its fault).
+  """
+  try:
+    return decode_task(source[index])
+  except Exception as e:  # pylint: disable=broad-except
+    raise loading.RecordError(dataset, split, index, f"{type(e).__name__}: "
+                                                      f"{loading.short_repr(str(e), 200)}") from e
+
+
+class _Decoder:
+  """`(index, record) -> Task`, or None for a record that does not decode (skipped, counted in
+  `skipped` and logged; raised as a `loading.RecordError` with `on_error="raise"`)."""
+
+  def __init__(self, dataset: str, split: str, on_error: str):
+    self.dataset, self.split, self.on_error, self.skipped = dataset, split, on_error, 0
+
+  def __call__(self, item: tuple[int, Mapping[str, Any]]) -> Optional[task_lib.Task]:
+    index, record = item
+    try:
+      return decode_record({index: record}, index, self.dataset, self.split)
+    except loading.RecordError as e:
+      if self.on_error == "raise":
+        raise
+      self.skipped += 1
+      logging.warning("skipping a record that does not decode: %s", e)
+      return None
+
+
 def task_dataset(source: Sequence[Mapping[str, Any]], *, seed: Optional[int] = None,
-                 num_epochs: Optional[int] = 1, shard_index: int = 0, shard_count: int = 1
+                 num_epochs: Optional[int] = 1, shard_index: int = 0, shard_count: int = 1,
+                 on_error: str = "skip", dataset: str = "tfds", split: str = "?"
                  ) -> grain.MapDataset:
   """A grain `MapDataset` of `Task`s over a TFDS data source.
+
+  A record that does not decode is skipped: iterating leaves it out, and `ds[i]` is None for it
+  (grain's `filter`), so `len(ds)` still counts records.
 
   Args:
     source: a random-access data source, e.g. `tfds.data_source(...)[split]`.
@@ -116,22 +162,27 @@ def task_dataset(source: Sequence[Mapping[str, Any]], *, seed: Optional[int] = N
     num_epochs: repetitions; None repeats forever.
     shard_index, shard_count: this process's shard (`source[shard_index::shard_count]`),
       e.g. `jax.process_index()`, `jax.process_count()`.
+    on_error: `"skip"` (log and leave out a record that does not decode) or `"raise"` (a
+      `loading.RecordError` when it is read).
+    dataset, split: the data set's name and split, for error messages.
 
   Raises:
-    ValueError: for a shard index outside `[0, shard_count)` or a non-positive epoch count.
+    ValueError: for a shard index outside `[0, shard_count)`, a non-positive epoch count or an
+      unknown `on_error`.
   """
+  loading.check_on_error(on_error)
   if shard_count < 1 or not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index must be in [0, shard_count={shard_count}), got {shard_index}")
   if num_epochs is not None and num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
-  ds = grain.MapDataset.source(source)
+  ds = grain.MapDataset.source(source).map_with_index(lambda i, record: (i, record))
   if shard_count > 1:
     ds = ds[shard_index::shard_count]
   if seed is not None:
     ds = ds.shuffle(seed=seed)
   if num_epochs != 1:
     ds = ds.repeat(num_epochs)
-  return ds.map(decode_task)
+  return ds.map(_Decoder(dataset, split, on_error)).filter(lambda t: t is not None)
 
 
 def build(data_dir: str, config: Union[str, SyntheticCodingConfig] = "default"
@@ -153,4 +204,4 @@ def load_split(split: str, data_dir: str, config_name: str = "default", **kwargs
     raise ValueError(f"split must be one of {synthetic.SPLITS}, got {split!r}")
   source = tfds.data_source(f"{NAME}/{config_name}", split=split, data_dir=data_dir,
                             download=False)
-  return task_dataset(source, **kwargs)
+  return task_dataset(source, dataset=f"{NAME}/{config_name}", split=split, **kwargs)
