@@ -177,6 +177,37 @@ class RowFormsTest(parameterized.TestCase):
       taco = stdio_problems.row_to_task(taco_row(time_limit=limit), 1, "t.jsonl")
       self.assertEqual(taco.stdio.time_seconds, want)
 
+  @parameterized.parameters(
+      ("2000 ms", 2.0), ("2000 milliseconds", 2.0), ("1500 MS", 1.5), ("1.5 s", 1.5),
+      ("1.5", 1.5), ("3 sec", 3.0), ("1 second", 1.0), (2000, 2.0), ("2000", 2.0),
+      (100, 0.1), (99, None), (2, 2.0), (2.5, 2.5), ("None", None), ("null", None))
+  def test_time_limit_units(self, limit, want):
+    for row in (codecontests_row(time_limit=limit), taco_row(time_limit=limit)):
+      if want is None and limit == 99:  # 99 s: no unit says ms, and it is over the cap
+        with self.assertRaisesRegex(loading.RowError, "over the largest a problem may ask"):
+          stdio_problems.row_to_task(row, 1, "p.jsonl")
+        continue
+      self.assertEqual(stdio_problems.row_to_task(row, 1, "p.jsonl").stdio.time_seconds, want)
+    # CodeContests' own {seconds, nanos} is seconds, whatever the number.
+    with self.assertRaisesRegex(loading.RowError, "over the largest"):
+      stdio_problems.row_to_task(codecontests_row(time_limit={"seconds": 2000}), 1, "p.jsonl")
+
+  @parameterized.parameters(
+      ("256 megabytes", 2**28), ("256 MB", 2**28), ("262144 kb", 2**28), ("1 GB", 2**30),
+      (512, 2**29), ("512", 2**29), ("None", None))
+  def test_memory_limit_units(self, limit, want):
+    task = stdio_problems.row_to_task(taco_row(memory_limit=limit), 1, "t.jsonl")
+    self.assertEqual(task.stdio.memory_bytes, want)
+    if isinstance(limit, str) and not limit.isdigit() and want is not None:  # a unit, not bytes
+      cc = stdio_problems.row_to_task(codecontests_row(memory_limit_bytes=limit), 1, "c.jsonl")
+      self.assertEqual(cc.stdio.memory_bytes, want)
+
+  def test_unknown_unit_is_a_malformed_row(self):
+    for limit in ("2 minutes", "2 ms s", "fast"):
+      with self.assertRaisesRegex(loading.RowError, r"field 'time_limit': cannot read a limit "
+                                                    r".*units: .*milliseconds"):
+        stdio_problems.row_to_task(taco_row(time_limit=limit), 1, "t.jsonl")
+
   def test_spec_limits_are_bounded_for_every_source(self):
     # A Task JSON (the `jsonl` and `tfds` sources) asks through the same spec.
     for bad in (dict(time_seconds=61.0), dict(memory_bytes=task_lib.MAX_MEMORY_BYTES + 1)):

@@ -105,8 +105,8 @@ class UndecodableRecordsTest(absltest.TestCase):
     self.assertCountEqual([t.task_id for t in twice], want * 2)
     strict = tfds_builder.task_dataset(source, on_error="raise", dataset="legacy_stdio/tiny",
                                        split="train")
-    with self.assertRaisesRegex(loading.RecordError,
-                                rf"split 'train', record {min(ids.index('legacy-1'), ids.index('legacy-3'))}: "):
+    first_bad = min(ids.index("legacy-1"), ids.index("legacy-3"))
+    with self.assertRaisesRegex(loading.RecordError, rf"split 'train', record {first_bad}: "):
       list(strict)
     with self.assertRaisesRegex(ValueError, "on_error"):
       tfds_builder.task_dataset(source, on_error="ignore")

@@ -12,8 +12,8 @@ prints the answer; every test is an `Example((INPUT,), OUTPUT)` with strings, ju
 | prompt (statement)  | `description`              | `question`               | `question`                    | `question_content`             |
 | public_examples     | `public_tests`             | first of `input_output`  | first of `input_output`       | `public_test_cases`            |
 | hidden_tests        | `private_tests` + `generated_tests` (else the public) | all of `input_output` | all of `input_output` | `private_test_cases` (else the public) |
-| stdio.time_seconds  | `time_limit` {seconds, nanos} | -                     | `time_limit` ("2 seconds")    | -                              |
-| stdio.memory_bytes  | `memory_limit_bytes`       | -                        | `memory_limit` ("256 megabytes") | -                           |
+| stdio.time_seconds  | `time_limit` {seconds, nanos}: s | -                  | `time_limit` ("2 seconds"): s | -                              |
+| stdio.memory_bytes  | `memory_limit_bytes`: bytes | -                       | `memory_limit` ("256 megabytes"): MB | -                       |
 | reference_solution  | first Python 3 of `solutions` {language: 3, solution} | first of `solutions` (JSON list) | first of `solutions` (JSON list) | -  |
 | difficulty          | `difficulty` (int)         | `difficulty` (introductory/interview/competition: 0/1/2) | `difficulty` (EASY...: 0...) | `difficulty` (easy/medium/hard: 0/1/2) |
 
@@ -21,6 +21,22 @@ Tests: CodeContests' `{input: [...], output: [...]}` objects; APPS/TACO's `input
 string (or object) `{"inputs": [...], "outputs": [...]}` whose items are strings or lists of
 lines; LiveCodeBench's `public_test_cases`/`private_test_cases`, JSON strings (or lists) of
 `{input, output, testtype}` (compressed private tests must be decoded to JSON beforehand).
+
+Limits and their units. The data sets store: CodeContests `time_limit` as {seconds, nanos}
+and `memory_limit_bytes` in bytes; TACO `time_limit` and `memory_limit` as strings ("1
+second", "2.5 seconds", "256 megabytes", "None" where unknown); APPS and LiveCodeBench no
+limits. Every limit may also be a number or a string `NUMBER [UNIT]`:
+
+* time units (any case): `s`, `sec`, `second(s)`; `ms`, `msec`, `millisecond(s)`. A number
+  without a unit is seconds, but an integer >= `MS_FROM` (100) is milliseconds: no problem
+  asks 100 s (`task.MAX_TIME_SECONDS` is 60), and judges counting in ms write `2000`.
+* memory units (binary multiples, any case): `b`, `byte(s)`; `k`, `kb`, `kib`, `kilobyte(s)`;
+  `m`, `mb`, `mib`, `megabyte(s)`; `g`, `gb`, `gib`, `gigabyte(s)`. A number without a unit is
+  in the layout's unit: bytes for `memory_limit_bytes`, MB for TACO's `memory_limit`.
+
+So "2000 ms", "2000 milliseconds", "1.5 s" and 2000 are all read; {seconds: 100} stays 100 s
+(over the cap). "None", "null", "n/a", "-", "" and 0 mean no limit (the run's default).
+
 Call-based problems (APPS/TACO `fn_name`, LiveCodeBench `testtype: functional`) are not
 stdin/stdout problems and are rejected. Limits a row does not give (or gives as 0/null) are
 the run's `config.sandbox` limits at judging time; a memory limit under 64 MiB is raised to
@@ -58,8 +74,18 @@ MIN_MEMORY_BYTES = 64 * 2**20
 _PYTHON3 = 3  # CodeContests' `solutions.language` code of Python 3
 _DIFFICULTY = {"introductory": 0, "interview": 1, "competition": 2, "easy": 0, "medium": 1,
                "medium_hard": 2, "hard": 2, "very_hard": 3}
-_TIME_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:s|sec|secs|second|seconds)?\s*$", re.I)
-_MEMORY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:mb|megabytes?|mib)?\s*$", re.I)
+_LIMIT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$", re.I)
+# Unit words (lower case) -> base units: seconds, bytes.
+TIME_UNITS = {**dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+              **dict.fromkeys(("ms", "msec", "msecs", "millisecond", "milliseconds"), 1e-3)}
+MEMORY_UNITS = {**dict.fromkeys(("b", "byte", "bytes"), 1),
+                **dict.fromkeys(("k", "kb", "kib", "kilobyte", "kilobytes"), 2**10),
+                **dict.fromkeys(("m", "mb", "mib", "megabyte", "megabytes"), 2**20),
+                **dict.fromkeys(("g", "gb", "gib", "gigabyte", "gigabytes"), 2**30)}
+# A bare integer time limit at least this large is milliseconds: no problem asks 100 s or more
+# (`task.MAX_TIME_SECONDS`), and judges that count in ms write 1000, 2000, ...
+MS_FROM = 100
+_ABSENT = ("", "none", "null", "n/a", "-")
 
 
 def detect_layout(row: dict) -> Optional[str]:
@@ -157,22 +183,34 @@ class _Row:
       raise self.error(field, "expected a list of source strings")
     return sols[0]
 
-  def number(self, field: str, value: Any, pattern: re.Pattern, scale: float, most: float
-             ) -> Optional[float]:
-    """A limit in base units (`value * scale`), None when absent or 0; at most `most`."""
-    if value is None or value == "" or value == 0:
+  def number(self, field: str, value: Any, units: dict[str, float], bare: float, most: float,
+             ms_from: Optional[float] = None) -> Optional[float]:
+    """A limit in base units (seconds, bytes), None when absent or 0; at most `most`.
+
+    `value` is a number or a string `NUMBER [UNIT]` (a word of `units`, any case). A number
+    without a unit is in `bare` base units, except, with `ms_from`, an integer >= `ms_from`,
+    which is in milliseconds (time limits). The strings of `_ABSENT` ("None", ...) are absent.
+    """
+    if value is None or value == 0 or (isinstance(value, str)
+                                       and value.strip().lower() in _ABSENT):
       return None
+    scale = bare
     if isinstance(value, str):
-      m = pattern.match(value)
-      if m is None:
-        raise self.error(field, f"cannot read a limit from {loading.short_repr(value)}")
-      value = float(m.group(1))
+      m = _LIMIT_RE.match(value)
+      unit = m.group(2).lower() if m is not None else None
+      if m is None or (unit and unit not in units):
+        raise self.error(field, f"cannot read a limit from {loading.short_repr(value)} (units: "
+                                f"{', '.join(sorted(units))})")
+      value = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
+      scale = units[unit] if unit else bare
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
         math.isfinite(value) and value > 0):
       raise self.error(field, f"expected a positive number, got {loading.short_repr(value)}")
+    if scale == bare and ms_from is not None and float(value).is_integer() and value >= ms_from:
+      scale = 1e-3  # a bare integer this large is milliseconds
     if float(value) * scale > most:
       raise self.error(field, f"limit {loading.short_repr(value)} is over the largest a problem "
-                              f"may ask, {most / scale:.10g} (task.MAX_*)")
+                              f"may ask, {most / scale:.10g} (task.MAX_*, in the row's unit)")
     return float(value) * scale
 
 
@@ -185,8 +223,9 @@ def _codecontests(r: _Row) -> dict:
   public = r.io_object("public_tests", d.get("public_tests"))
   hidden = (r.io_object("private_tests", d.get("private_tests"))
             + r.io_object("generated_tests", d.get("generated_tests")))
-  limit = d.get("time_limit")
-  if isinstance(limit, dict):
+  limit, ms_from = d.get("time_limit"), MS_FROM
+  if isinstance(limit, dict):  # explicitly seconds: never milliseconds
+    ms_from = None
     seconds = limit.get("seconds") or 0
     nanos = limit.get("nanos") or 0
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (seconds, nanos)):
@@ -200,9 +239,10 @@ def _codecontests(r: _Row) -> dict:
   return dict(name=loading.require(d, "name", str, r.path, r.row),
               statement=loading.require(d, "description", str, r.path, r.row),
               public=public, hidden=hidden, reference=reference,
-              time=r.number("time_limit", limit, _TIME_RE, 1.0, task_lib.MAX_TIME_SECONDS),
+              time=r.number("time_limit", limit, TIME_UNITS, 1.0, task_lib.MAX_TIME_SECONDS,
+                            ms_from=ms_from),
               memory=_memory(r.number("memory_limit_bytes", d.get("memory_limit_bytes"),
-                                      _MEMORY_RE, 1.0, task_lib.MAX_MEMORY_BYTES)),
+                                      MEMORY_UNITS, 1, task_lib.MAX_MEMORY_BYTES)),
               test_field="public_tests")
 
 
@@ -216,9 +256,9 @@ def _apps_like(r: _Row, layout: str) -> dict:
              public=tests[:1], hidden=tests, reference=r.first_solution("solutions"),
              time=None, memory=None, test_field="input_output")
   if layout == "taco":
-    out["time"] = r.number("time_limit", d.get("time_limit"), _TIME_RE, 1.0,
-                           task_lib.MAX_TIME_SECONDS)
-    out["memory"] = _memory(r.number("memory_limit", d.get("memory_limit"), _MEMORY_RE, 2**20,
+    out["time"] = r.number("time_limit", d.get("time_limit"), TIME_UNITS, 1.0,
+                           task_lib.MAX_TIME_SECONDS, ms_from=MS_FROM)
+    out["memory"] = _memory(r.number("memory_limit", d.get("memory_limit"), MEMORY_UNITS, 2**20,
                                      task_lib.MAX_MEMORY_BYTES))
   return out
 
