@@ -10,6 +10,7 @@ from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import task as task_lib
+from tests.fixtures import thread_stress
 
 
 def _sort_task():
@@ -60,6 +61,23 @@ class ParseCodeTest(parameterized.TestCase):
   def test_rejects(self, body):
     with self.assertRaises(episodes.ParseError):
       code_parsing.parse_code(body, _sort_task())
+
+  def test_parses_in_threads(self):
+    # Reward functions parse model outputs in several threads at once (the background
+    # final-reward thread, the sandbox pool's callers): a spurious SystemError of concurrent AST
+    # construction (CPython gh-106905) would score a valid output as unparseable.
+    task = _sort_task()
+    module = "def f(x):\n" + "".join(f"  y{i} = [x, ({i}, [len(x) + {i}])]\n"
+                                     for i in range(30)) + "  return sorted(x)\n"
+    expression = "sorted([v for v in x if v > 0] + [v for v in x if v <= 0])"
+    want = code_parsing.parse_code(module, task), code_parsing.parse_code(expression, task)
+    self.assertEqual(want[1], f"def f(x): return {expression}\n")
+
+    def call():
+      return (code_parsing.parse_code(module, task),
+              code_parsing.parse_code(expression, task)) == want
+
+    self.assertEqual(thread_stress.count_failures(call), 0)
 
 
 class CompactReferenceTest(absltest.TestCase):

@@ -40,6 +40,7 @@ import re
 from typing import Any, Optional, Sequence
 
 from agentic_grpo.agent import prompts
+from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 SENTINEL = "\u2063SENTINEL\u2063"  # an assistant message no template changes
@@ -94,7 +95,7 @@ def extract_tests(text: str) -> Optional[str]:
 
 def _assert_to_example(line: str) -> Optional[str]:
   try:
-    node = ast.parse(line, mode="exec").body[0]
+    node = python_ast.parse(line, mode="exec").body[0]
   except (SyntaxError, ValueError, MemoryError, RecursionError, IndexError):
     return None
   test = getattr(node, "test", None)

@@ -26,12 +26,13 @@ import functools
 from typing import Optional
 
 from agentic_grpo.agent import sandbox
+from agentic_grpo.tasks import python_ast
 
 
 def _literal(node: ast.expr):
   """`ast.literal_eval` of `node`; raises ValueError if it is not a plain literal."""
   try:
-    return ast.literal_eval(node)
+    return python_ast.literal_eval(node)
   except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
     raise ValueError(str(e)) from e
 
@@ -100,7 +101,7 @@ def split_check(script: str, check_function: str = "check"
     comes back unchanged with no I/O tests.
   """
   try:
-    tree = ast.parse(script)
+    tree = python_ast.parse(script)
   except (SyntaxError, ValueError, MemoryError, RecursionError):
     return (), script
   check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and

@@ -13,6 +13,7 @@ from typing import Optional
 import warnings
 
 from agentic_grpo.agent import episodes as episodes_lib
+from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
@@ -41,13 +42,13 @@ def parse_code(body: str, task: task_lib.Task) -> str:
     raise episodes_lib.ParseError(f"code longer than {MAX_OUTPUT_CHARS} characters")
   if task.kind == task_lib.STDIO:  # a whole program: any module that parses
     try:
-      ast.parse(stripped, filename=_MODEL_SOURCE)
+      python_ast.parse(stripped, filename=_MODEL_SOURCE)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
       raise episodes_lib.ParseError(f"program does not parse: {e}") from e
     return stripped + "\n"
   if "\n" not in stripped:
     try:
-      ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")
+      python_ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")
       params = ",".join(task.param_names)
       return f"{task.code_context}def {task.entry_point}({params}): return {stripped}\n"
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -57,7 +58,7 @@ def parse_code(body: str, task: task_lib.Task) -> str:
       continue
     source = prefix + text
     try:
-      tree = ast.parse(source, filename=_MODEL_SOURCE)
+      tree = python_ast.parse(source, filename=_MODEL_SOURCE)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
       continue
     if any(isinstance(n, ast.FunctionDef) and n.name == task.entry_point for n in tree.body):

@@ -21,6 +21,7 @@ from absl import logging
 
 from agentic_grpo.agent import check_split
 from agentic_grpo.agent import sandbox
+from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 
@@ -138,7 +139,7 @@ def io_tests(examples: Sequence[task_lib.Example]) -> tuple[sandbox.IOTest, ...]
 def _check_function(script: str) -> Optional[str]:
   """`check` if the script defines a top-level `check` (HumanEval), else None (asserts)."""
   try:
-    tree = ast.parse(script)
+    tree = python_ast.parse(script)
   except SyntaxError:
     return None
   defines = any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body)

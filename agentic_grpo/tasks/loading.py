@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from absl import logging
 
+from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 ON_ERROR = ("skip", "raise")
@@ -172,10 +173,10 @@ def require(d: dict, key: str, kind: type, path: str, row: int) -> Any:
 
 
 def parse_source(source: str, path: str, row: int, field: str):
-  """`ast.parse(source)`, or a `RowError` naming the field for any parser failure (syntax,
+  """`python_ast.parse(source)`, or a `RowError` naming the field for any parser failure (syntax,
   null bytes, nesting or size limits)."""
   try:
-    return ast.parse(source)
+    return python_ast.parse(source)
   except SyntaxError as e:
     raise RowError(path, row, field, f"does not parse: {e.msg} (line {e.lineno})") from e
   except Exception as e:  # pylint: disable=broad-except
@@ -187,12 +188,12 @@ def call_example(call_src: str, expected_src: str, entry_point: str
                  ) -> Optional[task_lib.Example]:
   """`Example` of `entry_point(literal args)` with a literal expected value, else None."""
   try:
-    call = ast.parse(call_src.strip(), mode="eval").body
+    call = python_ast.parse(call_src.strip(), mode="eval").body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
             and call.func.id == entry_point and not call.keywords):
       return None
-    args = tuple(ast.literal_eval(a) for a in call.args)
-    expected = ast.literal_eval(expected_src.strip())
+    args = tuple(python_ast.literal_eval(a) for a in call.args)
+    expected = python_ast.literal_eval(expected_src.strip())
   except Exception:  # pylint: disable=broad-except
     return None
   return task_lib.Example(args, expected)
@@ -201,7 +202,7 @@ def call_example(call_src: str, expected_src: str, entry_point: str
 def assert_example(assert_src: str, entry_point: str) -> Optional[task_lib.Example]:
   """`Example` of an `assert entry_point(args) == expected` line, else None (never raises)."""
   try:
-    node = ast.parse(assert_src.strip()).body
+    node = python_ast.parse(assert_src.strip()).body
     if len(node) != 1 or not isinstance(node[0], ast.Assert):
       return None
     test = node[0].test
@@ -234,7 +235,7 @@ def function_signature(source: str, name: str) -> Optional[tuple[str, int]]:
   """`(signature without def, line index of the def)` of top-level function `name`, or None
   (also when `source` does not parse, for any reason)."""
   try:
-    tree = ast.parse(source)
+    tree = python_ast.parse(source)
     for node in tree.body:
       if isinstance(node, ast.FunctionDef) and node.name == name:
         returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""

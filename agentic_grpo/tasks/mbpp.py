@@ -19,13 +19,14 @@ import ast
 from typing import Optional
 
 from agentic_grpo.tasks import loading
+from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 
 def _called_function(assert_src: str, defined: set[str]) -> Optional[str]:
   """Name of the first function called in an assert that the solution defines (never raises)."""
   try:
-    tree = ast.parse(assert_src.strip())
+    tree = python_ast.parse(assert_src.strip())
   except Exception:  # pylint: disable=broad-except  (syntax, null bytes, nesting limits)
     return None
   for node in ast.walk(tree):

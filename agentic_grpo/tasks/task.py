@@ -21,8 +21,9 @@ import ast
 import dataclasses
 import json
 import math
-import threading
 from typing import Any, Mapping, Optional, Sequence
+
+from agentic_grpo.tasks import python_ast
 
 ARROW = "->"
 FUNCTION = "function"
@@ -163,7 +164,7 @@ def signature_params(signature: str) -> tuple[str, ...]:
     ValueError: if `signature` is not a Python function signature.
   """
   try:
-    tree = ast.parse(f"def {signature.strip()}:\n  pass\n")
+    tree = python_ast.parse(f"def {signature.strip()}:\n  pass\n")
     fn = tree.body[0]
     assert isinstance(fn, ast.FunctionDef)
   except (SyntaxError, AssertionError, IndexError, ValueError) as e:
@@ -203,23 +204,15 @@ def format_example(example: Example) -> str:
   return f"{format_args(example.args)}{ARROW}{format_value(example.expected)}"
 
 
-# CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state: two threads
-# building ASTs at once (one paused by a finalizer the garbage collector runs mid-construction)
-# fail with a spurious `SystemError: AST constructor recursion depth mismatch` (CPython issue
-# 106905). Data pipelines decode task records in threads (grain), so parsing is serialised.
-_AST_LOCK = threading.RLock()
-
-
 def parse_value(text: str) -> Any:
-  """Reads a literal with `ast.literal_eval`; safe to call from several threads at once.
+  """Reads a literal with `ast.literal_eval` (`python_ast`: safe from several threads at once).
 
   Raises:
     ValueError: if `text` is not a Python literal (any parser failure, including recursion or
       integer-size limits, is reported as ValueError).
   """
   try:
-    with _AST_LOCK:
-      return ast.literal_eval(text.strip())
+    return python_ast.literal_eval(text.strip())
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"not a literal: {text!r:.80}") from e
 
