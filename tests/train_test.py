@@ -111,7 +111,10 @@ class SignalingWorkflow(workflow_lib.Workflow):
     return super().close_stage(episodes, outputs)
 
 
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction")
+_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
+               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
+               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
+               "pipeline/learner_idle_fraction")
 
 
 def _history(workdir):

@@ -158,6 +158,8 @@ def _assemble(chosen: list[tuple[records.Item, np.ndarray]], n: int, t: int,
                     zip(item.seg_episode, item.seg_stage, item.seg_advantage, w))
     stats[f"rows_{item.kind}"] += 1
   stats["rows"] = len(chosen)
+  stats["row_slots"] = n
+  stats["token_slots"] = n * t
   stats["loss_tokens"] = int(mask.sum())
   stats["padding_fraction"] = 1.0 - float(mask.sum()) / float(n * t)
   return records.Batch(update, kinds, segments, dict(stats))

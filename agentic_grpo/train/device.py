@@ -278,6 +278,14 @@ class DeviceSide:
       self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
 
+  def wait(self) -> None:
+    """Blocks until every dispatched step has updated the parameters (no transfer).
+
+    The sampler would wait for them anyway; waiting here first lets the caller time the
+    learner apart from the sampler.
+    """
+    jax.block_until_ready(self._state.params)
+
   def fetch(self, pending: Sequence[Pending], *, step: Optional[int] = None
             ) -> list[dict[str, Any]]:
     """Host copies of dispatched steps' metrics (one transfer; waits for the steps).

@@ -18,6 +18,7 @@ comparisons, `experiments/ablation.py`), or on a signal (`train.preemption`). `R
 phase did not do what it was asked, and why.
 """
 
+import collections
 import time
 from typing import Any, Optional
 
@@ -53,6 +54,9 @@ class RLPhase:
     # Seconds in the agent loop (sampling, waiting for the sandbox) since the last row: the
     # learner's idle share of the interval (`loop/learner_idle_fraction`; not checkpointed).
     self.agent_seconds = 0.0
+    # Host seconds busy per part (learner, sampler, sandbox) since the last row: the
+    # `pipeline/..._busy_fraction` metrics (`metrics.pipeline_times`; not checkpointed).
+    self.busy: collections.Counter = collections.Counter()
     self.ended_without_signal = False
     self.updates_run = 0
     self.last_update: Optional[dict[str, Any]] = None
@@ -97,12 +101,16 @@ class RLPhase:
   def _update(self, buckets: tuple[int, ...]) -> None:
     """One policy update on the oldest ready rows (or padding where a process has none)."""
     s = self.s
+    t0 = time.time()
     batch = s.replay.take(s.rl_rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
     if not s.coord.any(batch is not None):
+      self.busy["learner"] += time.time() - t0
       return  # no process has a row with a loss token
     stats = batch.stats if batch is not None else {
-        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0}
+        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0, "row_slots": s.rl_rows,
+        "token_slots": s.rl_rows * buckets[0]}
     pending = s.device.update(batch.update if batch is not None else None, s.rl_rows, buckets)
+    self.busy["learner"] += time.time() - t0
     s.step += 1
     self.updates_run += 1
     self.idle_batches = 0
@@ -118,7 +126,13 @@ class RLPhase:
   def _agent_step(self) -> None:
     s = self.s
     t0 = time.time()
+    part = "sampler" if s.agent.phase == "sample" else "sandbox"
+    if part == "sampler":
+      s.device.wait()  # the sampler needs the updated parameters: the learner's time
+      self.busy["learner"] += time.time() - t0
+    t1 = time.time()
     harvested = s.agent.step(s.device.policy, s.step - s.ws_steps)
+    self.busy[part] += time.time() - t1
     self.agent_seconds += time.time() - t0
     if harvested:
       self.harvest_rows.append(harvested)
@@ -138,7 +152,9 @@ class RLPhase:
     """Writes one RL row from every process's numbers; evaluates when due (or `final`)."""
     s = self.s
     # Update metrics stay on device until here, so that host work overlaps the updates.
+    t0 = time.time()
     updates = s.device.fetch([p for p, _ in self.updates], step=s.step)
+    self.busy["learner"] += time.time() - t0
     if updates:
       self.last_update = updates[-1]
     s.counters.update(s.comp.counting_pool.pop_counts())
@@ -153,6 +169,7 @@ class RLPhase:
            "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9),
            "loop/learner_idle_fraction": min(
                1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
+    row.update(metrics_lib.pipeline_times(self.busy, now - self.t_logged))
     row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
       s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
@@ -162,6 +179,7 @@ class RLPhase:
     self.updates.clear()
     self.harvest_rows.clear()
     self.tokens, self.t_logged, self.agent_seconds = 0, time.time(), 0.0
+    self.busy.clear()
 
   # ------------------------------------------------------------------------------- state
 
