@@ -11,6 +11,9 @@ dispatching updates, waiting for them), the sampler and the sandbox; the learner
 and per update kind (provisional, correction, final = outcome-only target) the updates, real
 rows per update, and the padding fraction of the learner's row slots and token slots.
 
+Each run is a fresh process (`python -m benchmarks.pipeline TASK WORKDIR [quick]`): its own
+compilations, and the experiments' flags apart from the suite's.
+
 Usage:
   python -m benchmarks.run --only pipeline [--quick]
 """
@@ -18,6 +21,8 @@ Usage:
 import collections
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -47,7 +52,8 @@ def task_config(task: str, quick: bool) -> ml_collections.ConfigDict:
     c.optim.schedule = "cosine"
   c.rl.num_steps = 6 if quick else 40
   if quick:
-    c.warmstart.steps = 10
+    # Fewer warm-start steps, but enough that groups do not all tie (no update at all).
+    c.warmstart.steps = 150
   c.task.eval_size = 16
   c.eval.every = 0
   c.eval.num_samples = 0
@@ -93,10 +99,15 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_task(task: str, quick: bool) -> dict[str, float]:
-  """Trains the short run of `task` in a temporary workdir; returns `summarise` of it."""
-  from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
+  """Trains the short run of `task` in a fresh process and a temporary workdir; returns
+  `summarise` of it.
+
+  Raises:
+    subprocess.CalledProcessError: the run failed.
+  """
   with tempfile.TemporaryDirectory() as workdir:
-    train.run(task_config(task, quick), workdir)
+    args = [sys.executable, "-m", "benchmarks.pipeline", task, workdir] + (["quick"] * quick)
+    subprocess.run(args, check=True)
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
       return summarise([json.loads(line) for line in f if line.strip()])
 
@@ -127,3 +138,14 @@ def run(quick: bool = False) -> dict:
               "sandbox busy", "learner idle", "updates", "rows/update", "row padding",
               "token padding"],
       rows=rows, summary=got, load_before=load_before)
+
+
+def _train(argv: list[str]) -> None:
+  """The child process of `run_task`: `TASK WORKDIR [quick]`."""
+  from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
+  task, workdir = argv[:2]
+  train.run(task_config(task, argv[2:] == ["quick"]), workdir)
+
+
+if __name__ == "__main__":
+  _train(sys.argv[1:])

@@ -8,7 +8,9 @@ on one action:
 * **update** when every process has its share of `rl.rows_per_update` rows ready, or when the
   agent loop is about to sample and some process has rows (the replay is flushed before each
   sample phase, so a stage's provisional update lands before that batch's next stage is
-  sampled);
+  sampled). A flush carries few rows: its batch has the next row bucket above them
+  (`replay.batching.row_buckets`: powers of two up to `rows_per_update`), not a full update's
+  rows, so that the learner does not spend most of it on padding rows;
 * else **step the agent loop** (harvest a sandbox job, or sample a stage).
 
 With stage rewards and corrections off (`experiments/outcome_grpo.py`) the same loop is
@@ -83,7 +85,8 @@ class RLPhase:
         self._end_without_signal(agreed.idle_batches)
         break
       if agreed.update:
-        self._update(agreed.buckets)
+        self._update(agreed.buckets,
+                     batching.row_bucket(agreed.rows, s.rl_rows, s.row_granule))
       else:
         self._agent_step()
     if not s.stopping():
@@ -95,21 +98,23 @@ class RLPhase:
     ready = s.replay.num_ready
     want = batching.bucket_for(s.replay.ready_lengths()[0], s.cfg.rl.buckets) if ready else 0
     return s.coord.agree(ready=ready, rows=s.rl_rows, want_bucket=want,
+                         fits=s.replay.ready_fitting(s.cfg.rl.buckets), buckets=s.cfg.rl.buckets,
                          sampling=s.agent.phase == "sample", idle_batches=self.idle_batches,
                          stop=s.stop_requested)
 
-  def _update(self, buckets: tuple[int, ...]) -> None:
-    """One policy update on the oldest ready rows (or padding where a process has none)."""
+  def _update(self, buckets: tuple[int, ...], rows: int) -> None:
+    """One policy update on the oldest ready rows (or padding where a process has none), in a
+    batch of `rows` rows (the agreed row bucket: a flush before a sample phase carries few)."""
     s = self.s
     t0 = time.time()
-    batch = s.replay.take(s.rl_rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
+    batch = s.replay.take(rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
     if not s.coord.any(batch is not None):
       self.busy["learner"] += time.time() - t0
       return  # no process has a row with a loss token
     stats = batch.stats if batch is not None else {
-        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0, "row_slots": s.rl_rows,
-        "token_slots": s.rl_rows * buckets[0]}
-    pending = s.device.update(batch.update if batch is not None else None, s.rl_rows, buckets)
+        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0, "row_slots": rows,
+        "token_slots": rows * buckets[0]}
+    pending = s.device.update(batch.update if batch is not None else None, rows, buckets)
     self.busy["learner"] += time.time() - t0
     s.step += 1
     self.updates_run += 1
