@@ -15,7 +15,8 @@ the previous row:
   `pipeline/updates_<kind>`, `pipeline/rows_<kind>` (real rows), `pipeline/row_slots_<kind>`
   (rows of the compiled batch), `pipeline/row_padding_<kind>` (`1 - rows / row_slots`),
   `pipeline/loss_tokens_<kind>`, `pipeline/token_slots_<kind>` and `pipeline/token_padding_<kind>`
-  (`1 - loss_tokens / token_slots`); over all updates `pipeline/row_padding_fraction`.
+  (`1 - loss_tokens / token_slots`: context tokens count too, as in `replay/padding_fraction`);
+  over all updates `pipeline/row_padding_fraction`.
 """
 
 import collections
