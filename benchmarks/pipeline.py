@@ -49,7 +49,6 @@ def task_config(task: str, quick: bool) -> ml_collections.ConfigDict:
   else:
     c = ablation.arm_config("long_horizon", "agentic", seed=0)
     c.rl.episode_budget = 0
-    c.optim.schedule = "cosine"
   c.rl.num_steps = 6 if quick else 40
   if quick:
     # Fewer warm-start steps, but enough that groups do not all tie (no update at all).
