@@ -51,12 +51,18 @@ def _grpo_step(quick):
   return grpo_step.run(quick)
 
 
+def _pipeline(quick):
+  from benchmarks import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.run(quick)
+
+
 BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "update_flops": _update_flops,
     "sampler": _sampler,
     "sandbox": _sandbox,
     "stdio": _stdio,
     "grpo_step": _grpo_step,
+    "pipeline": _pipeline,
 }
 
 

@@ -51,7 +51,10 @@ _OVERRIDES = (
     "--verbosity=1",  # each process logs its metrics rows and the tasks it draws
 )
 # Wall-clock numbers differ between processes; everything else must not.
-_TIMES = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction")
+_TIMES = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
+          "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
+          "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
+          "pipeline/learner_idle_fraction")
 _TAKES = re.compile(r"agent loop: shard (\d+) batch \d+ takes stream positions (\[[^\]]*\]) "
                     r"task ids (\[[^\]]*\])")
 

@@ -37,7 +37,10 @@ _MICRO = (
     "--config.checkpoint.every=0", "--config.log.progress_bar=False",
     "--config.log.tensorboard=False", "--config.log.plot=False", "--config.mesh.data=1",
 )
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction")
+_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
+               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
+               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
+               "pipeline/learner_idle_fraction")
 
 
 def _command(workdir: str, *overrides: str) -> list[str]:

@@ -32,6 +32,10 @@ class ModelSection:
     mlp_dim: hidden width of the MLP (0 = preset).
     max_seq_len: longest sequence in tokens (0 = preset or checkpoint; at least the largest
       rl bucket plus workflow.max_new_tokens).
+    attention_chunk: queries per chunk of the training forward's attention, so that the
+      float32 `[T, T]` scores of all queries are never held at once (0 = auto: chunks of
+      `models.transformer.AUTO_ATTENTION_CHUNK` queries for sequences longer than twice that;
+      `max_seq_len` or more = off). Any model source.
   """
   source: str = "preset"
   path: str = ""
@@ -44,6 +48,7 @@ class ModelSection:
   head_dim: int = 0
   mlp_dim: int = 0
   max_seq_len: int = 0
+  attention_chunk: int = 0
 
   def validate(self, path: str) -> None:
     checks.choice(f"{path}.source", self.source, model_sources.MODEL_SOURCES.names())
@@ -56,7 +61,7 @@ class ModelSection:
       checks.check(bool(self.path), f"{path}.path", "must name a checkpoint with source='hf'",
                    self.path)
       for name, value in self.overrides().items():
-        checks.check(name == "max_seq_len", f"{path}.{name}",
+        checks.check(name in ("max_seq_len", "attention_chunk"), f"{path}.{name}",
                      "must be 0 with source='hf' (the shape is the checkpoint's)", value)
     else:
       checks.check(not self.path, f"{path}.path", "must be empty with source='preset'", self.path)

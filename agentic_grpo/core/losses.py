@@ -83,35 +83,45 @@ def _check_sample_weights(sample_weights, n: int) -> Optional[jax.Array]:
 
 
 def aggregate_denominator(loss_mask: jax.Array, mode: str,
-                          max_tokens: Optional[int] = None) -> jax.Array:
+                          max_tokens: Optional[int] = None,
+                          num_rows: Optional[int] = None) -> jax.Array:
   """The normaliser `aggregate` divides by: the weight of a micro-batch.
 
   For micro-batches `b` of one batch, `aggregate(batch) = Σ_b aggregate(b) · d_b / Σ_b d_b` with
-  `d_b = aggregate_denominator(mask_b, mode, max_tokens)`:
+  `d_b = aggregate_denominator(mask_b, mode, max_tokens, num_rows)`:
     * `token_mean`: number of loss tokens;
     * `seq_mean_token_mean`: number of rows with at least one loss token;
-    * `seq_mean_token_sum_norm`: number of rows times `max_tokens`.
+    * `seq_mean_token_sum_norm`: number of rows (`num_rows`, default `N`) times `max_tokens`.
+
+  None of them depends on rows without a loss token, except the last when `num_rows` is None.
 
   Args:
     loss_mask: `[N, T]` bool.
     mode: one of `AGGREGATIONS`.
     max_tokens: the constant normaliser for `seq_mean_token_sum_norm` (a positive int).
+    num_rows: the row count of `seq_mean_token_sum_norm`'s constant normaliser (>= N; default
+      N): a batch cut to fewer rows than a full one (row buckets) passes the full one's count,
+      so that its loss is the loss of the same rows padded to the full count.
 
   Returns:
     Scalar float32 (not clamped: an all-masked micro-batch weighs 0).
 
   Raises:
-    ValueError: for an unknown `mode`, a bad `loss_mask`, or a missing `max_tokens`.
+    ValueError: for an unknown `mode`, a bad `loss_mask`, a missing `max_tokens`, or
+      `num_rows < N`.
   """
   core_types.check_choice("mode", mode, AGGREGATIONS)
   loss_mask = _check_mask(loss_mask, None)
+  if num_rows is not None and num_rows < loss_mask.shape[0]:
+    raise ValueError(f"num_rows must be >= the mask's rows ({loss_mask.shape[0]}), got "
+                     f"{num_rows}")
   if mode == "token_mean":
     return loss_mask.sum().astype(jnp.float32)
   if mode == "seq_mean_token_mean":
     return loss_mask.any(-1).sum().astype(jnp.float32)
   if max_tokens is None or max_tokens <= 0:
     raise ValueError(f"max_tokens must be a positive int for {mode}, got {max_tokens!r}")
-  return jnp.float32(loss_mask.shape[0] * max_tokens)
+  return jnp.float32((loss_mask.shape[0] if num_rows is None else num_rows) * max_tokens)
 
 
 def aggregate(
@@ -120,12 +130,14 @@ def aggregate(
     mode: str,
     max_tokens: Optional[int] = None,
     sample_weights: Optional[jax.Array] = None,
+    num_rows: Optional[int] = None,
 ) -> jax.Array:
   """Reduces per-token values `[N, T]` to a scalar over the loss tokens.
 
   * `token_mean` (DAPO): `Σ_{n,t} w_n m v / Σ_{n,t} m`.
   * `seq_mean_token_mean` (GRPO): mean over rows with a loss token of `w_n Σ_t m v / Σ_t m`.
-  * `seq_mean_token_sum_norm` (Dr. GRPO): `Σ_{n,t} w_n m v / (N · max_tokens)`.
+  * `seq_mean_token_sum_norm` (Dr. GRPO): `Σ_{n,t} w_n m v / (num_rows · max_tokens)`,
+    `num_rows` defaulting to N.
 
   Masked entries never reach the result or its gradient, whatever they hold (also inf/NaN).
 
@@ -136,6 +148,7 @@ def aggregate(
     max_tokens: constant normaliser for `seq_mean_token_sum_norm` (positive int); ignored else.
     sample_weights: optional `[N]` float per-row weights (e.g. staleness weights); they scale a
       row's contribution, not the normaliser.
+    num_rows: see `aggregate_denominator`.
 
   Returns:
     Scalar float32; 0 when no token is in the loss.
@@ -148,7 +161,7 @@ def aggregate(
   values = _check_2d("values", values)
   loss_mask = _check_mask(loss_mask, values.shape)
   sample_weights = _check_sample_weights(sample_weights, values.shape[0])
-  denominator = aggregate_denominator(loss_mask, mode, max_tokens)
+  denominator = aggregate_denominator(loss_mask, mode, max_tokens, num_rows)
   v = jnp.where(loss_mask, values.astype(jnp.float32), 0.0)
   if sample_weights is not None:
     v = v * sample_weights[:, None]
@@ -175,6 +188,7 @@ def policy_loss(
     max_tokens: Optional[int] = None,
     sample_weights: Optional[jax.Array] = None,
     dual_clip: float = 0.0,
+    num_rows: Optional[int] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped importance-weighted policy-gradient surrogate.
 
@@ -208,6 +222,7 @@ def policy_loss(
     max_tokens: constant normaliser for `seq_mean_token_sum_norm`.
     sample_weights: optional `[N]` per-row weights (staleness weights of correction items).
     dual_clip: the dual-clip bound `c` (> 1) for negative advantages; 0 disables.
+    num_rows: the row count of `seq_mean_token_sum_norm`'s normaliser (`aggregate_denominator`).
 
   Returns:
     `(loss, metrics)`: scalar float32 loss; metrics (scalars, over loss tokens)
@@ -259,7 +274,7 @@ def policy_loss(
     bound = -dual_clip * advantages  # > 0 where A < 0
     is_dual = (advantages < 0) & (per_token > bound) & loss_mask
     per_token = jnp.where(is_dual, bound, per_token)
-  loss = aggregate(per_token, loss_mask, aggregation, max_tokens, sample_weights)
+  loss = aggregate(per_token, loss_mask, aggregation, max_tokens, sample_weights, num_rows)
 
   ratio_sg = jax.lax.stop_gradient(ratio)
   is_clipped = (clipped > unclipped) & loss_mask

@@ -49,11 +49,12 @@ def _split_micro(batch: Batch, m: int) -> Batch:
 
 
 def _accumulate(loss_fn: Callable, params, micro: Batch, aggregation: str,
-                max_tokens: Optional[int]):
+                max_tokens: Optional[int], num_rows: Optional[int] = None):
   """Gradient of the whole-batch loss from micro-batches (weights `d_b / Σ d_b`); float
-  leaves of the gradient are float32."""
-  denoms = jax.vmap(lambda mk: losses_lib.aggregate_denominator(mk, aggregation, max_tokens))(
-      micro.loss_mask)
+  leaves of the gradient are float32. `num_rows`: a micro-batch's rows in the constant
+  normaliser (`core.losses.aggregate_denominator`)."""
+  denoms = jax.vmap(lambda mk: losses_lib.aggregate_denominator(
+      mk, aggregation, max_tokens, num_rows))(micro.loss_mask)
   total = jnp.maximum(denoms.sum(), 1.0)
 
   def body(carry, xs):
@@ -126,7 +127,8 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   Args:
     graphdef: the model structure (static).
-    cfg: the run config; uses `loss`, `rl` (micro_batches, sampling transform).
+    cfg: the run config; uses `loss`, `rl` (micro_batches, rows_per_update, sampling
+      transform).
     optimizer: from `make_optimizer`.
     shardings: in/out shardings; replicated on one device by default.
 
@@ -135,7 +137,8 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
     batch: a `core.types.UpdateBatch` (`tokens [N, T]` int32, `loss_mask [N, T]` bool,
       `behaviour_logprobs [N, T]` f32, `advantages [N, T]` f32, `sample_weights [N]` f32, 0 on
       padding rows); checked when traced (`ValueError` naming a field of the wrong shape or
-      dtype).
+      dtype). N is a multiple of `rl.micro_batches`, at most `rl.rows_per_update`; each row
+      count compiles once, and padding rows change neither the loss nor its gradient.
     ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
   and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
   `entropy`, `clip_fraction`, `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`,
@@ -143,13 +146,18 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
   update), `nonfinite_consecutive` (skipped updates in a row, this one included),
   `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
   """
-  return _update_step(graphdef, cfg.loss, cfg.rl.micro_batches, cfg.rl.transform(), optimizer,
-                      shardings or Shardings.replicated())
+  # Dr. GRPO's constant normaliser counts a full update's rows (per micro-batch), whatever row
+  # bucket a batch has (`replay.batching.row_buckets`): padding rows never change the loss.
+  num_rows = (cfg.rl.rows_per_update // cfg.rl.micro_batches
+              if cfg.loss.aggregation == "seq_mean_token_sum_norm" else None)
+  return _update_step(graphdef, cfg.loss, cfg.rl.micro_batches, num_rows, cfg.rl.transform(),
+                      optimizer, shardings or Shardings.replicated())
 
 
 @functools.lru_cache(maxsize=16)
 def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
-                 transform: core_types.SamplingTransform, optimizer, shardings: Shardings):
+                 num_rows: Optional[int], transform: core_types.SamplingTransform, optimizer,
+                 shardings: Shardings):
   """The cached body of `make_update_step`."""
   max_tokens = loss_cfg.max_tokens or None
   # The KL term's distributions: temperature-scaled, not filtered (module docstring).
@@ -164,7 +172,7 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
         logprobs, mb.behaviour_logprobs, mb.advantages, mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
         aggregation=loss_cfg.aggregation, max_tokens=max_tokens,
-        sample_weights=mb.sample_weights, dual_clip=loss_cfg.dual_clip)
+        sample_weights=mb.sample_weights, dual_clip=loss_cfg.dual_clip, num_rows=num_rows)
     total = pg
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
@@ -172,11 +180,11 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
       ref_lp, _ = _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform)
       kl = losses_lib.aggregate(
           losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
-          loss_cfg.aggregation, max_tokens)
+          loss_cfg.aggregation, max_tokens, num_rows=num_rows)
       total = total + loss_cfg.kl_beta * kl
     ent = losses_lib.aggregate(
         losses_lib.entropy(logprobs_lib.transform_logits(logits, transform), mask), mask,
-        loss_cfg.aggregation, max_tokens)
+        loss_cfg.aggregation, max_tokens, num_rows=num_rows)
     if loss_cfg.entropy_coef > 0:
       total = total - loss_cfg.entropy_coef * ent
     metrics = dict(metrics, pg_loss=pg, kl=jax.lax.stop_gradient(kl),
@@ -190,7 +198,7 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
     micro = _split_micro(batch, micro_batches)
     loss, metrics, grads = _accumulate(
         lambda p, mb: loss_fn(p, mb, ref_params), state.params, micro, loss_cfg.aggregation,
-        max_tokens)
+        max_tokens, num_rows)
     # Micro-batch metrics are denominator-weighted means; maxima would not combine that way.
     metrics = dict(metrics, loss_tokens=jnp.sum(batch.loss_mask).astype(jnp.float32))
     return _apply_updates(state, grads, optimizer, loss, metrics)

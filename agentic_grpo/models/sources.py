@@ -150,9 +150,9 @@ def _open_hf(section: Any, *, dtype: Optional[str], min_seq_len: int,
   overrides = section.overrides()
   local = resolve_path(section.path, cache_dir=cache_dir)
   checkpoint = hf_import.open_hf_checkpoint(local, param_dtype=dtype)
-  if "max_seq_len" in overrides:
+  if overrides:  # only max_seq_len and attention_chunk (`ModelSection.validate`)
     checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
-        checkpoint.config, max_seq_len=overrides["max_seq_len"]))
+        checkpoint.config, **overrides))
   tok = _checkpoint_tokenizer(local, checkpoint.config)
   return ModelSource("hf", checkpoint.config, transformer.abstract_model(checkpoint.config)[0],
                      tok, local, checkpoint)

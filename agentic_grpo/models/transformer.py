@@ -37,6 +37,10 @@ from agentic_grpo.core import types as core_types
 # Finite "minus infinity" for masked attention scores: a fully masked query row
 # gets uniform attention instead of NaN.
 _MASK_VALUE = -1e30
+# Queries per attention chunk of the training forward when `ModelConfig.attention_chunk` is 0
+# (auto), used once a sequence is longer than twice this: the tiny default (T <= 512) never
+# chunks.
+AUTO_ATTENTION_CHUNK = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,11 @@ class ModelConfig:
     dtype: compute dtype of activations (logits are always float32).
     param_dtype: storage dtype of parameters.
     rope_scaling: optional Llama 3 frequency scaling.
+    attention_chunk: queries per chunk of the cache-less (training) forward's attention: with
+      T queries above it, the float32 `[T, T]` scores are made one chunk of queries at a time
+      and recomputed in the backward pass, never for all queries at once. 0 = auto
+      (`AUTO_ATTENTION_CHUNK` queries, once T exceeds twice that); to turn it off, set it to
+      `max_seq_len` or more.
   """
   vocab_size: int
   d_model: int
@@ -93,6 +102,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   rope_scaling: Optional[Llama3RopeScaling] = None
+  attention_chunk: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -104,6 +114,10 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "
           f"n_kv_heads ({self.n_kv_heads})")
+    if (not isinstance(self.attention_chunk, (int, np.integer))
+        or isinstance(self.attention_chunk, bool) or self.attention_chunk < 0):
+      raise ValueError(f"ModelConfig.attention_chunk must be an int >= 0 (0 = auto), got "
+                       f"{self.attention_chunk!r}")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, "
                        f"got {self.head_dim}")
@@ -121,6 +135,12 @@ class ModelConfig:
   def group_size(self) -> int:
     """Query heads per key/value head."""
     return self.n_heads // self.n_kv_heads
+
+  def query_chunk(self, t: int) -> int:
+    """Queries per attention chunk for a cache-less forward of `t` tokens (`t` = no chunks)."""
+    if self.attention_chunk:
+      return min(self.attention_chunk, t)
+    return AUTO_ATTENTION_CHUNK if t > 2 * AUTO_ATTENTION_CHUNK else t
 
 
 _PRESETS = {
@@ -324,6 +344,39 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
   return out.astype(x.dtype)
 
 
+def _attention(q, k, v, mask, dt):
+  """`q [N, K, G, T, Dh]`, `k, v [N, K, S, Dh]`, `mask [N, T, S]` -> `[N, K, G, T, Dh]` f32."""
+  dh = q.shape[-1]
+  scores = jnp.einsum("nkgtd,nksd->nkgts", q, k.astype(dt),
+                      preferred_element_type=jnp.float32) * (dh ** -0.5)
+  scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1)
+  if q.shape[3] == 1:
+    # Decode step: a fused multiply-reduce beats a batched matmul with M = G.
+    return jnp.sum(probs[..., None] * v[:, :, None, None].astype(jnp.float32), axis=-2)
+  return jnp.einsum("nkgts,nksd->nkgtd", probs.astype(dt), v.astype(dt),
+                    preferred_element_type=jnp.float32)
+
+
+def _chunked_attention(q, k, v, mask, chunk, dt):
+  """`_attention` over chunks of `chunk` queries, one at a time (`lax.map`), each recomputed
+  in the backward pass (`jax.checkpoint`): the f32 scores held at once are `[N, K, G, chunk,
+  S]`, not `[N, K, G, T, S]`. Queries are padded to a multiple of `chunk` (all-masked rows,
+  dropped)."""
+  n, kv, g, t, dh = q.shape
+  chunks = -(-t // chunk)
+  pad = chunks * chunk - t
+  if pad:
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+  qs = q.reshape(n, kv, g, chunks, chunk, dh).transpose(3, 0, 1, 2, 4, 5)
+  ms = mask.reshape(n, chunks, chunk, mask.shape[-1]).transpose(1, 0, 2, 3)
+  body = jax.checkpoint(lambda xs: _attention(xs[0], k, v, xs[1], dt))
+  out = jax.lax.map(body, (qs, ms))  # [chunks, N, K, G, chunk, Dh]
+  out = out.transpose(1, 2, 3, 0, 4, 5).reshape(n, kv, g, chunks * chunk, dh)
+  return out[:, :, :, :t]
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with rotary embeddings, optional q/k/v bias and q/k norm."""
 
@@ -381,16 +434,11 @@ class Attention(nnx.Module):
     # [N, K, G, T, Dh]: explicit transposes keep the batched matmuls below in
     # XLA's fast layout (several times faster on CPU than transposing inside).
     q = q.reshape(n, t, kv, g, dh).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum("nkgtd,nksd->nkgts", q, k.astype(dt),
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1)
-    if t == 1:
-      # Decode step: a fused multiply-reduce beats a batched matmul with M = G.
-      out = jnp.sum(probs[..., None] * v[:, :, None, None].astype(jnp.float32), axis=-2)
+    chunk = c.query_chunk(t) if layer_cache is None else t
+    if chunk < t:
+      out = _chunked_attention(q, k, v, mask, chunk, dt)
     else:
-      out = jnp.einsum("nkgts,nksd->nkgtd", probs.astype(dt), v.astype(dt),
-                       preferred_element_type=jnp.float32)
+      out = _attention(q, k, v, mask, dt)
     if t == 1:
       out = out.astype(dt).reshape(n, 1, c.n_heads, dh)  # [N, K, G, 1, Dh] -> heads
       return _dot("nthk,hkd->ntd", out, self.o[...], dt), new_cache

@@ -8,9 +8,12 @@ only when the caller says the loss is additive over a row's segments
 packed row's loss is not the sum of its segments' losses.
 
 Taking. `take` pops the oldest ready items that fit one length bucket into a fixed-shape
-`core.types.UpdateBatch`, judging staleness with one `core.correction.staleness_weights` call
-for the whole batch. The clipped surrogate is positively homogeneous in the advantage, so a
-staleness weight `w >= 0` is folded into the per-token advantage exactly.
+`core.types.UpdateBatch`, judging staleness with one jitted `core.correction.staleness_weights`
+call for the whole batch (`core.batched.staleness_table`). The clipped surrogate is positively
+homogeneous in the advantage, so a staleness weight `w >= 0` is folded into the per-token
+advantage exactly. The batch's row count is the caller's: `row_buckets` are the counts an
+update uses (a flush before a sample phase carries few rows; it is not padded to a full
+update).
 """
 
 import collections
@@ -18,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from agentic_grpo.core import correction as correction_lib
+from agentic_grpo.core import batched
 from agentic_grpo.core import types as core_types
 from agentic_grpo.replay import records
 
@@ -79,22 +82,40 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
   return fits[0]
 
 
-def _version_weights(items: Sequence[records.Item], current_version: int, *,
-                     max_staleness: int, mode: str) -> dict[int, float]:
-  """`{version: staleness weight}` for every segment version in `items`: one device call.
+def row_buckets(max_rows: int, granule: int = 1) -> tuple[int, ...]:
+  """The row counts an update batch may have: `granule · 2^k` below `max_rows`, and `max_rows`.
 
-  The distinct versions are padded to a power of two (with `current_version`) so that the
-  eager computation sees few shapes.
+  A flush before a sample phase carries a few rows; padding them to the next of these instead
+  of `max_rows` leaves less than half the rows padding, and the update step compiles once per
+  row count used (at most `log2(max_rows / granule) + 2` of them per length bucket).
+
+  Args:
+    max_rows: rows of a full update (>= 1).
+    granule: every row count is a multiple of it (e.g. so that micro-batches divide it), >= 1.
+
+  Raises:
+    ValueError: a count below 1, or `max_rows` not a multiple of `granule`.
   """
-  versions = sorted({int(v) for item in items for v in item.seg_version})
-  if not versions:
-    return {}
-  width = 1 << (len(versions) - 1).bit_length()
-  padded = np.full(width, current_version, np.int64)
-  padded[:len(versions)] = versions
-  w = np.asarray(correction_lib.staleness_weights(
-      padded, current_version, max_staleness=max_staleness, mode=mode), np.float32)
-  return dict(zip(versions, w[:len(versions)]))
+  if max_rows < 1 or granule < 1 or max_rows % granule:
+    raise ValueError(f"max_rows ({max_rows}) must be a positive multiple of granule "
+                     f"({granule})")
+  sizes, n = [], granule
+  while n < max_rows:
+    sizes.append(n)
+    n *= 2
+  return tuple(sizes) + (max_rows,)
+
+
+def row_bucket(rows: int, max_rows: int, granule: int = 1) -> int:
+  """The smallest of `row_buckets(max_rows, granule)` that holds `rows` (`1 <= rows <=
+  max_rows`).
+
+  Raises:
+    ValueError: `rows` outside `[1, max_rows]`, or bad `max_rows` / `granule` (`row_buckets`).
+  """
+  if not 1 <= rows <= max_rows:
+    raise ValueError(f"rows must be in [1, {max_rows}], got {rows}")
+  return next(n for n in row_buckets(max_rows, granule) if n >= rows)
 
 
 def take(ready: collections.deque, max_rows: int, current_version: int,
@@ -112,8 +133,9 @@ def take(ready: collections.deque, max_rows: int, current_version: int,
   if not ready:
     return None, stats
   bucket = bucket_for(ready[0].length, buckets)
-  table = _version_weights([item for item in ready if item.length <= bucket], current_version,
-                           max_staleness=max_staleness, mode=staleness_mode)
+  table = batched.staleness_table(
+      [v for item in ready if item.length <= bucket for v in item.seg_version], current_version,
+      max_staleness=max_staleness, mode=staleness_mode)
   chosen: list[tuple[records.Item, np.ndarray]] = []
   i = 0
   while i < len(ready) and len(chosen) < max_rows:
@@ -158,6 +180,8 @@ def _assemble(chosen: list[tuple[records.Item, np.ndarray]], n: int, t: int,
                     zip(item.seg_episode, item.seg_stage, item.seg_advantage, w))
     stats[f"rows_{item.kind}"] += 1
   stats["rows"] = len(chosen)
+  stats["row_slots"] = n
+  stats["token_slots"] = n * t
   stats["loss_tokens"] = int(mask.sum())
   stats["padding_fraction"] = 1.0 - float(mask.sum()) / float(n * t)
   return records.Batch(update, kinds, segments, dict(stats))

@@ -1,6 +1,7 @@
 """Credit for stored segments: provisional advantages per stage, corrections at the outcome.
 
-Both go through `core` in one call per completed set of groups (never per segment):
+Both go through `core` in one jitted call per completed set of groups (never per segment;
+`core.batched`):
 
 * `provisional_items`: when every member of some groups has reported stage `k`, their
   provisional advantages `Â[:, k] = norm_group(r[:, k] - b[:, k])` (`core.advantages.
@@ -22,8 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agentic_grpo.core import advantages as advantages_lib
-from agentic_grpo.core import correction as correction_lib
+from agentic_grpo.core import batched
 from agentic_grpo.replay import batching
 from agentic_grpo.replay import records
 
@@ -55,10 +55,9 @@ def provisional_items(grid: SegmentGrid, episode_ids: Sequence[Sequence[int]], s
     scale, baseline: `core.advantages.provisional_advantages` options.
     skip_zero_advantage: emit no item for an advantage of exactly 0.
   """
-  r = _field(grid, lambda s: s.reward, np.float32)
-  v = _field(grid, lambda s: s.valid, bool)
-  adv = np.asarray(advantages_lib.provisional_advantages(
-      r, v, scale=scale, baseline=baseline)[..., stage], np.float32)
+  adv = batched.stage_advantages(_field(grid, lambda s: s.reward, np.float32),
+                                 _field(grid, lambda s: s.valid, bool), stage, scale=scale,
+                                 baseline=baseline)
   items = []
   for eps, row, adv_row in zip(episode_ids, grid, adv):
     for e, ep, a in zip(eps, row, adv_row):
@@ -109,13 +108,10 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
     counters: gets `sign_reversals` (target and applied provisional advantage of opposite
       signs) and `corrections` added.
   """
-  valid = _field(grid, lambda s: s.valid, bool)
-  target = advantages_lib.target_advantages(
-      _field(grid, lambda s: s.reward, np.float32), final_rewards, mode=target_mode,
-      gamma=gamma, beta=beta, valid=valid, scale=scale, baseline=baseline)
-  delta = np.asarray(correction_lib.correction_advantages(
-      _field(grid, lambda s: s.applied, np.float32), target), np.float32)
-  target = np.asarray(target, np.float32)
+  target, delta = batched.outcome_credit(
+      _field(grid, lambda s: s.reward, np.float32), final_rewards,
+      _field(grid, lambda s: s.valid, bool), _field(grid, lambda s: s.applied, np.float32),
+      mode=target_mode, gamma=gamma, beta=beta, scale=scale, baseline=baseline)
   items = []
   num_stages = delta.shape[-1]
   for e, segments, d_row, t_row in zip(sum(map(list, episode_ids), []),

@@ -150,6 +150,11 @@ class StagedReplay:
     held = sum(s is not None for e in self._episodes.values() for s in e.segments)
     return held + sum(item.num_segments for item in self._ready)
 
+  def ready_fitting(self, buckets: Sequence[int]) -> list[int]:
+    """Per length bucket, how many ready items fit in it (at most that many tokens)."""
+    lengths = np.array(self.ready_lengths(), np.int64)
+    return [int(np.sum(lengths <= b)) for b in buckets]
+
   def ready_lengths(self) -> list[int]:
     """Token lengths of the ready items, oldest first."""
     return [item.length for item in self._ready]

@@ -7,7 +7,8 @@ guarded by `parallel.peer_watchdog` with `mesh.collective_timeout_s`):
 
 * per loop iteration of the RL phase (`agree`): whether to update (every process has its share
   of rows ready, or the loop is about to sample and some process has rows), the length bucket
-  (the longest any process needs), the fewest idle batches of any process, and whether any
+  (the longest any process needs), the rows an update takes (the most any process has ready in
+  that bucket, at most its share), the fewest idle batches of any process, and whether any
   process was asked to stop (a signal);
 * per update, whether any process had a row with a loss token (`any`);
 * per sampler call, the longest prompt (`agree_max`), so that every process pads to one bucket;
@@ -37,11 +38,14 @@ class Agreement:
   Attributes:
     update: take a batch and update now.
     buckets: the length buckets the batch may use (one agreed bucket; empty without update).
+    rows: the most rows of that bucket any process has ready, at most its share of an update
+      (0 without update): the batch's row bucket is chosen for it (`replay.batching.row_bucket`).
     idle_batches: the fewest episode batches in a row without learning signal of any process.
     stop: some process was asked to stop (SIGTERM / SIGINT): checkpoint and end.
   """
   update: bool
   buckets: tuple[int, ...]
+  rows: int
   idle_batches: int
   stop: bool
 
@@ -72,22 +76,34 @@ class Coordinator(abc.ABC):
     """Held-out tasks every process runs: the largest share of `total` (others pad to it)."""
     return -(-total // self.process_count)
 
-  def agree(self, *, ready: int, rows: int, want_bucket: int, sampling: bool,
-            idle_batches: int, stop: bool) -> Agreement:
+  def agree(self, *, ready: int, rows: int, want_bucket: int, fits: Sequence[int],
+            buckets: Sequence[int], sampling: bool, idle_batches: int,
+            stop: bool) -> Agreement:
     """The RL loop's per-iteration agreement.
 
     Args:
       ready: this process's ready replay items.
       rows: this process's rows of an update.
       want_bucket: the bucket of this process's oldest ready item (0 when none is ready).
+      fits: per length bucket (`buckets`), this process's ready items that fit in it.
+      buckets: the length buckets (`rl.buckets`), the same in every process.
       sampling: the agent loop's next action is to sample (every process's is the same).
       idle_batches: this process's episode batches in a row without learning signal.
       stop: this process was asked to stop.
+
+    Raises:
+      ValueError: `fits` and `buckets` of different lengths.
     """
-    everyone = self._gather_ints([ready, want_bucket, idle_batches, int(stop)])
+    if len(fits) != len(buckets):
+      raise ValueError(f"fits must have one count per bucket ({len(buckets)}), got {len(fits)}")
+    everyone = self._gather_ints([ready, want_bucket, idle_batches, int(stop), *fits])
     ready_all, want_all = everyone[:, 0], everyone[:, 1]
     update = bool(ready_all.min() >= rows or (sampling and ready_all.max() > 0))
-    return Agreement(update=update, buckets=(int(want_all.max()),) if update else (),
+    bucket = int(want_all.max())
+    taken = 0
+    if update:
+      taken = min(rows, int(everyone[:, 4 + list(buckets).index(bucket)].max()))
+    return Agreement(update=update, buckets=(bucket,) if update else (), rows=taken,
                      idle_batches=int(everyone[:, 2].min()), stop=bool(everyone[:, 3].any()))
 
   def any(self, flag: bool) -> bool:

@@ -18,6 +18,7 @@ one process the whole batch) and reads its own rows of the sampler's output back
 """
 
 import dataclasses
+import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -262,12 +263,23 @@ class DeviceSide:
       self._state, metrics = self._sft_step(self._state, placed)
     return Pending(metrics, int(placed.loss_mask.size))
 
+  def row_granule(self, process_count: int) -> int:
+    """The multiple of which every process's update rows are (`replay.batching.row_buckets`):
+    the global rows (`process_count` times as many) split into `rl.micro_batches` and over
+    the mesh's batch axes as a full update's do."""
+    rows = self._cfg.rl.rows_per_update
+    sharding = parallel.batch_sharding(self._comp.mesh, (rows,), self._cfg.mesh.rules())
+    granule = math.lcm(self._cfg.rl.micro_batches, rows // sharding.shard_shape((rows,))[0])
+    return granule // math.gcd(granule, process_count)
+
   def update(self, batch: Optional[core_types.UpdateBatch], rows: int,
              buckets: Sequence[int]) -> Pending:
     """Dispatches one policy update on this process's rows (`[rows, T]`).
 
-    `batch` None (this process had no row while another had): an all-padding batch of `rows`
-    rows of `buckets[0]` tokens, so that every process runs the same program.
+    `rows` is this process's row bucket of this update (`replay.batching.row_bucket`; every
+    process passes the same). `batch` None (this process had no row while another had): an
+    all-padding batch of `rows` rows of `buckets[0]` tokens, so that every process runs the
+    same program.
     """
     if self._update_step is None:
       self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
@@ -277,6 +289,14 @@ class DeviceSide:
                          else core_types.UpdateBatch.padding(rows, buckets[0]))
       self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
+
+  def wait(self) -> None:
+    """Blocks until every dispatched step has updated the parameters (no transfer).
+
+    The sampler would wait for them anyway; waiting here first lets the caller time the
+    learner apart from the sampler.
+    """
+    jax.block_until_ready(self._state.params)
 
   def fetch(self, pending: Sequence[Pending], *, step: Optional[int] = None
             ) -> list[dict[str, Any]]:

@@ -1,5 +1,22 @@
 """Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar), the learning
 curve plot, and the RL row assembled from every process's numbers (`rl_row`).
+
+The `pipeline/...` keys of an RL row (`rl_row`, `pipeline_times`) describe the interval since
+the previous row:
+
+* wall-clock shares (host-side timers of `train.rl_phase`; they differ between runs):
+  `pipeline/wall_seconds` (the interval, evaluation excluded), `pipeline/learner_busy_fraction`
+  (taking batches, dispatching updates, and waiting for them: before sampling with the new
+  parameters and when reading their metrics), `pipeline/sampler_busy_fraction` (the sampler),
+  `pipeline/sandbox_busy_fraction` (harvesting sandbox jobs: waiting for them and feeding the
+  replay), and `pipeline/learner_idle_fraction` (1 - the learner's share);
+* update shapes (deterministic, part of the exact-resume history): each update is of the kind
+  (`provisional`, `correction`, `final` = outcome-only target) most of its rows are; per kind
+  `pipeline/updates_<kind>`, `pipeline/rows_<kind>` (real rows), `pipeline/row_slots_<kind>`
+  (rows of the compiled batch), `pipeline/row_padding_<kind>` (`1 - rows / row_slots`),
+  `pipeline/loss_tokens_<kind>`, `pipeline/token_slots_<kind>` and `pipeline/token_padding_<kind>`
+  (`1 - loss_tokens / token_slots`: context tokens count too, as in `replay/padding_fraction`);
+  over all updates `pipeline/row_padding_fraction`.
 """
 
 import collections
@@ -171,6 +188,49 @@ def values_by_key(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
   return dict(acc)
 
 
+UPDATE_KINDS = ("provisional", "correction", "final")
+# The wall-clock keys of a row (they differ between otherwise identical runs).
+PIPELINE_TIMES = ("pipeline/wall_seconds", "pipeline/learner_busy_fraction",
+                  "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
+                  "pipeline/learner_idle_fraction")
+
+
+def pipeline_times(busy: dict[str, float], wall: float) -> dict[str, float]:
+  """The wall-clock `pipeline/...` keys from `{learner, sampler, sandbox}` busy seconds in an
+  interval of `wall` seconds (module docstring); fractions clipped to [0, 1]."""
+  wall = max(wall, 1e-9)
+  row = {"pipeline/wall_seconds": wall}
+  for part in ("learner", "sampler", "sandbox"):
+    row[f"pipeline/{part}_busy_fraction"] = min(1.0, busy.get(part, 0.0) / wall)
+  row["pipeline/learner_idle_fraction"] = 1.0 - row["pipeline/learner_busy_fraction"]
+  return row
+
+
+def pipeline_shapes(update_stats: Sequence[dict[str, float]]) -> dict[str, float]:
+  """The update-shape `pipeline/...` keys (module docstring) of updates' batch stats (summed
+  over processes: `rows`, `rows_<kind>`, `row_slots`, `loss_tokens`, `token_slots`)."""
+  sums = collections.defaultdict(float)
+  for stats in update_stats:
+    counts = [stats.get(f"rows_{k}", 0.0) for k in UPDATE_KINDS]
+    kind = UPDATE_KINDS[int(np.argmax(counts))]
+    sums[f"updates_{kind}"] += 1
+    sums[f"rows_{kind}"] += stats.get("rows", 0.0)
+    sums[f"row_slots_{kind}"] += stats.get("row_slots", 0.0)
+    sums[f"loss_tokens_{kind}"] += stats.get("loss_tokens", 0.0)
+    sums[f"token_slots_{kind}"] += stats.get("token_slots", 0.0)
+  row = {f"pipeline/{k}": v for k, v in sums.items()}
+  for kind in UPDATE_KINDS:
+    if sums[f"row_slots_{kind}"]:
+      row[f"pipeline/row_padding_{kind}"] = 1.0 - sums[f"rows_{kind}"] / sums[f"row_slots_{kind}"]
+      row[f"pipeline/token_padding_{kind}"] = (
+          1.0 - sums[f"loss_tokens_{kind}"] / sums[f"token_slots_{kind}"])
+  slots = sum(sums[f"row_slots_{k}"] for k in UPDATE_KINDS)
+  if slots:
+    row["pipeline/row_padding_fraction"] = 1.0 - sum(
+        sums[f"rows_{k}"] for k in UPDATE_KINDS) / slots
+  return row
+
+
 def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
            ) -> dict[str, float]:
   """The RL metrics of one logged row from every process's numbers since the last row.
@@ -185,23 +245,26 @@ def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
   Returns:
     Means over episodes (`reward/...`) and updates (`loss/...`, `replay/...`; an update's batch
     stats summed over processes, its padding fraction averaged), replay totals and counters
-    summed over processes, the data position summed, the epoch the lowest.
+    summed over processes, the data position summed, the epoch the lowest, and the update
+    shapes (`pipeline_shapes`).
   """
   harvest = collections.defaultdict(list)
   for p in everyone:
     for k, values in p["harvest"].items():
       harvest[k].extend(values)
-  update_rows = []
+  update_rows, update_stats = [], []
   for i, m in enumerate(updates):
     stats = collections.Counter()
     for p in everyone:  # the batch's rows came from every process
       stats.update(p["stats"][i])
     stats["padding_fraction"] = float(np.mean([p["stats"][i]["padding_fraction"]
                                                for p in everyone]))
+    update_stats.append(dict(stats))
     update_rows.append({f"loss/{k}": float(v) for k, v in m.items()})
     update_rows[-1].update({f"replay/{k}": float(v) for k, v in stats.items()})
   row = {k: float(np.mean(v)) for k, v in harvest.items()}
   row.update(mean_rows(update_rows))
+  row.update(pipeline_shapes(update_stats))
   for k in REPLAY_TOTALS:
     row[f"replay/total_{k}"] = float(sum(p["replay"][k] for p in everyone))
   for group in ("counts", "loop"):

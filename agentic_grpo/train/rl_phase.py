@@ -8,7 +8,9 @@ on one action:
 * **update** when every process has its share of `rl.rows_per_update` rows ready, or when the
   agent loop is about to sample and some process has rows (the replay is flushed before each
   sample phase, so a stage's provisional update lands before that batch's next stage is
-  sampled);
+  sampled). A flush carries few rows: its batch has the next row bucket above them
+  (`replay.batching.row_buckets`: powers of two up to `rows_per_update`), not a full update's
+  rows, so that the learner does not spend most of it on padding rows;
 * else **step the agent loop** (harvest a sandbox job, or sample a stage).
 
 With stage rewards and corrections off (`experiments/outcome_grpo.py`) the same loop is
@@ -18,6 +20,7 @@ comparisons, `experiments/ablation.py`), or on a signal (`train.preemption`). `R
 phase did not do what it was asked, and why.
 """
 
+import collections
 import time
 from typing import Any, Optional
 
@@ -53,6 +56,9 @@ class RLPhase:
     # Seconds in the agent loop (sampling, waiting for the sandbox) since the last row: the
     # learner's idle share of the interval (`loop/learner_idle_fraction`; not checkpointed).
     self.agent_seconds = 0.0
+    # Host seconds busy per part (learner, sampler, sandbox) since the last row: the
+    # `pipeline/..._busy_fraction` metrics (`metrics.pipeline_times`; not checkpointed).
+    self.busy: collections.Counter = collections.Counter()
     self.ended_without_signal = False
     self.updates_run = 0
     self.last_update: Optional[dict[str, Any]] = None
@@ -79,7 +85,8 @@ class RLPhase:
         self._end_without_signal(agreed.idle_batches)
         break
       if agreed.update:
-        self._update(agreed.buckets)
+        self._update(agreed.buckets,
+                     batching.row_bucket(agreed.rows, s.rl_rows, s.row_granule))
       else:
         self._agent_step()
     if not s.stopping():
@@ -91,18 +98,24 @@ class RLPhase:
     ready = s.replay.num_ready
     want = batching.bucket_for(s.replay.ready_lengths()[0], s.cfg.rl.buckets) if ready else 0
     return s.coord.agree(ready=ready, rows=s.rl_rows, want_bucket=want,
+                         fits=s.replay.ready_fitting(s.cfg.rl.buckets), buckets=s.cfg.rl.buckets,
                          sampling=s.agent.phase == "sample", idle_batches=self.idle_batches,
                          stop=s.stop_requested)
 
-  def _update(self, buckets: tuple[int, ...]) -> None:
-    """One policy update on the oldest ready rows (or padding where a process has none)."""
+  def _update(self, buckets: tuple[int, ...], rows: int) -> None:
+    """One policy update on the oldest ready rows (or padding where a process has none), in a
+    batch of `rows` rows (the agreed row bucket: a flush before a sample phase carries few)."""
     s = self.s
-    batch = s.replay.take(s.rl_rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
+    t0 = time.time()
+    batch = s.replay.take(rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
     if not s.coord.any(batch is not None):
+      self.busy["learner"] += time.time() - t0
       return  # no process has a row with a loss token
     stats = batch.stats if batch is not None else {
-        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0}
-    pending = s.device.update(batch.update if batch is not None else None, s.rl_rows, buckets)
+        "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0, "row_slots": rows,
+        "token_slots": rows * buckets[0]}
+    pending = s.device.update(batch.update if batch is not None else None, rows, buckets)
+    self.busy["learner"] += time.time() - t0
     s.step += 1
     self.updates_run += 1
     self.idle_batches = 0
@@ -118,7 +131,13 @@ class RLPhase:
   def _agent_step(self) -> None:
     s = self.s
     t0 = time.time()
+    part = "sampler" if s.agent.phase == "sample" else "sandbox"
+    if part == "sampler":
+      s.device.wait()  # the sampler needs the updated parameters: the learner's time
+      self.busy["learner"] += time.time() - t0
+    t1 = time.time()
     harvested = s.agent.step(s.device.policy, s.step - s.ws_steps)
+    self.busy[part] += time.time() - t1
     self.agent_seconds += time.time() - t0
     if harvested:
       self.harvest_rows.append(harvested)
@@ -138,7 +157,9 @@ class RLPhase:
     """Writes one RL row from every process's numbers; evaluates when due (or `final`)."""
     s = self.s
     # Update metrics stay on device until here, so that host work overlaps the updates.
+    t0 = time.time()
     updates = s.device.fetch([p for p, _ in self.updates], step=s.step)
+    self.busy["learner"] += time.time() - t0
     if updates:
       self.last_update = updates[-1]
     s.counters.update(s.comp.counting_pool.pop_counts())
@@ -153,6 +174,7 @@ class RLPhase:
            "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9),
            "loop/learner_idle_fraction": min(
                1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
+    row.update(metrics_lib.pipeline_times(self.busy, now - self.t_logged))
     row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
       s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
@@ -162,6 +184,7 @@ class RLPhase:
     self.updates.clear()
     self.harvest_rows.clear()
     self.tokens, self.t_logged, self.agent_seconds = 0, time.time(), 0.0
+    self.busy.clear()
 
   # ------------------------------------------------------------------------------- state
 

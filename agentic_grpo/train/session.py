@@ -79,6 +79,8 @@ class Session:
     self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            max_to_keep=cfg.checkpoint.max_to_keep)
     self.device = device_lib.DeviceSide(comp, transfer_guard=transfer_guard)
+    # Update batches have a multiple of this many rows (`replay.batching.row_buckets`).
+    self.row_granule = self.device.row_granule(self.coord.process_count)
     self.replay = make_replay(comp)
     get_train = lambda i: comp.tasks.task("train", i)
     shard = {"shard_index": self.coord.process_index, "shard_count": self.coord.process_count}

@@ -1,0 +1,150 @@
+r"""Where the RL loop's wall time goes, and how full its updates are: short runs, read back.
+
+For the default run (`experiments/tiny_codegen.py`) and the long-horizon task (the `agentic`
+arm of `experiments/ablation.py`, `task.source='long_horizon'`), trains a short run into a
+temporary workdir and reads its `metrics.jsonl`: the `pipeline/...` keys that `train.rl_phase`
+logs every row (`train/metrics.py`). The first RL row (it holds the update step's compilations)
+is left out of the time shares ("after warm-up"); the update shapes count every update.
+
+Reported per task: the share of wall time the host spends on the learner (taking batches,
+dispatching updates, waiting for them), the sampler and the sandbox; the learner's idle share;
+and per update kind (provisional, correction, final = outcome-only target) the updates, real
+rows per update, and the padding fraction of the learner's row slots and token slots.
+
+Each run is a fresh process (`python -m benchmarks.pipeline TASK WORKDIR [quick]`): its own
+compilations, and the experiments' flags apart from the suite's.
+
+Usage:
+  python -m benchmarks.run --only pipeline [--quick]
+"""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import ml_collections
+
+from benchmarks import report
+
+TASKS = ("default", "long_horizon")
+KINDS = ("provisional", "correction", "final")
+
+
+def task_config(task: str, quick: bool) -> ml_collections.ConfigDict:
+  """The run config of one task: a short RL phase, logged every step, no checkpoints.
+
+  Raises:
+    ValueError: for a task not in `TASKS`.
+  """
+  from experiments import ablation  # pylint: disable=g-import-not-at-top
+  from experiments import tiny_codegen  # pylint: disable=g-import-not-at-top
+  if task not in TASKS:
+    raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+  if task == "default":
+    c = tiny_codegen.get_config()
+  else:
+    c = ablation.arm_config("long_horizon", "agentic", seed=0)
+    c.rl.episode_budget = 0
+  c.rl.num_steps = 6 if quick else 40
+  if quick:
+    # Fewer warm-start steps, but enough that groups do not all tie (no update at all).
+    c.warmstart.steps = 150
+  c.task.eval_size = 16
+  c.eval.every = 0
+  c.eval.num_samples = 0
+  c.log.every = 1
+  c.log.progress_bar = False
+  c.log.plot = False
+  c.log.tensorboard = False
+  c.checkpoint.every = 0
+  return c
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
+  """Time shares (RL rows after the first) and update shapes (every RL row) of a run's
+  `metrics.jsonl` rows."""
+  rl = [r for r in rows if r.get("phase") == "rl"]
+  timed = rl[1:] or rl
+  wall = sum(r.get("pipeline/wall_seconds", 0.0) for r in timed)
+  out = {"rl_rows": len(rl), "wall_s": round(wall, 2)}
+  for part in ("learner", "sampler", "sandbox"):
+    busy = sum(r.get(f"pipeline/{part}_busy_fraction", 0.0) * r.get("pipeline/wall_seconds", 0.0)
+               for r in timed)
+    out[f"{part}_busy"] = round(busy / wall, 3) if wall else 0.0
+  out["learner_idle"] = round(1.0 - out["learner_busy"], 3)
+  sums = collections.Counter()
+  for r in rl:
+    for k, v in r.items():
+      if k.startswith("pipeline/") and any(
+          k.startswith(f"pipeline/{f}_") for f in ("updates", "rows", "row_slots", "loss_tokens",
+                                                     "token_slots")):
+        sums[k[len("pipeline/"):]] += v
+  for kind in KINDS:
+    n = sums[f"updates_{kind}"]
+    out[f"updates_{kind}"] = int(n)
+    if n:
+      out[f"rows_per_update_{kind}"] = round(sums[f"rows_{kind}"] / n, 2)
+      out[f"row_padding_{kind}"] = round(1 - sums[f"rows_{kind}"] / sums[f"row_slots_{kind}"], 3)
+      out[f"token_padding_{kind}"] = round(
+          1 - sums[f"loss_tokens_{kind}"] / sums[f"token_slots_{kind}"], 3)
+  slots = sum(sums[f"row_slots_{k}"] for k in KINDS)
+  if slots:
+    out["row_padding"] = round(1 - sum(sums[f"rows_{k}"] for k in KINDS) / slots, 3)
+  return out
+
+
+def run_task(task: str, quick: bool) -> dict[str, float]:
+  """Trains the short run of `task` in a fresh process and a temporary workdir; returns
+  `summarise` of it.
+
+  Raises:
+    subprocess.CalledProcessError: the run failed.
+  """
+  with tempfile.TemporaryDirectory() as workdir:
+    args = [sys.executable, "-m", "benchmarks.pipeline", task, workdir] + (["quick"] * quick)
+    subprocess.run(args, check=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      return summarise([json.loads(line) for line in f if line.strip()])
+
+
+def _pct(x):
+  return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def run(quick: bool = False) -> dict:
+  """Measures both tasks, prints the table, appends the results line; returns it."""
+  load_before = report.load_average()
+  got = {task: run_task(task, quick) for task in TASKS}
+  rows = []
+  for task, s in got.items():
+    rows.append([task, "all", f"{s['wall_s']:.0f}", _pct(s["learner_busy"]),
+                 _pct(s["sampler_busy"]), _pct(s["sandbox_busy"]), _pct(s["learner_idle"]),
+                 sum(s[f"updates_{k}"] for k in KINDS), "-", _pct(s.get("row_padding")), "-"])
+    for kind in KINDS:
+      if s[f"updates_{kind}"]:
+        rows.append([task, kind, "", "", "", "", "", s[f"updates_{kind}"],
+                     f"{s[f'rows_per_update_{kind}']:.1f}", _pct(s[f"row_padding_{kind}"]),
+                     _pct(s[f"token_padding_{kind}"])])
+  return report.record(
+      "pipeline",
+      settings={"quick": quick, "tasks": list(TASKS),
+                "rl_steps": task_config("default", quick).rl.num_steps},
+      header=["task", "updates of kind", "RL wall s", "learner busy", "sampler busy",
+              "sandbox busy", "learner idle", "updates", "rows/update", "row padding",
+              "token padding"],
+      rows=rows, summary=got, load_before=load_before)
+
+
+def _train(argv: list[str]) -> None:
+  """The child process of `run_task`: `TASK WORKDIR [quick]`."""
+  from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
+  task, workdir = argv[:2]
+  train.run(task_config(task, argv[2:] == ["quick"]), workdir)
+
+
+if __name__ == "__main__":
+  _train(sys.argv[1:])

@@ -1,0 +1,70 @@
+"""Tests for the `pipeline/...` metrics (agentic_grpo.train.metrics) and their reader
+(benchmarks.pipeline.summarise)."""
+
+from absl.testing import absltest
+
+from agentic_grpo.train import metrics
+from benchmarks import pipeline
+
+
+class PipelineMetricsTest(absltest.TestCase):
+
+  def test_shapes_per_kind(self):
+    stats = [
+        # 3 provisional rows in 4 slots of 8 tokens, 6 loss tokens.
+        {"rows": 3, "rows_provisional": 3, "row_slots": 4, "loss_tokens": 6, "token_slots": 32},
+        # mostly corrections: a correction update.
+        {"rows": 3, "rows_correction": 2, "rows_final": 1, "row_slots": 4, "loss_tokens": 8,
+         "token_slots": 32},
+        # final only, full.
+        {"rows": 4, "rows_final": 4, "row_slots": 4, "loss_tokens": 16, "token_slots": 32},
+        # a provisional update of 1 row in 2 slots.
+        {"rows": 1, "rows_provisional": 1, "row_slots": 2, "loss_tokens": 2, "token_slots": 16},
+    ]
+    row = metrics.pipeline_shapes(stats)
+    self.assertEqual(row["pipeline/updates_provisional"], 2)
+    self.assertEqual(row["pipeline/updates_correction"], 1)
+    self.assertEqual(row["pipeline/updates_final"], 1)
+    self.assertEqual(row["pipeline/rows_provisional"], 4)
+    self.assertAlmostEqual(row["pipeline/row_padding_provisional"], 1 - 4 / 6)
+    self.assertAlmostEqual(row["pipeline/token_padding_provisional"], 1 - 8 / 48)
+    self.assertAlmostEqual(row["pipeline/row_padding_correction"], 0.25)
+    self.assertAlmostEqual(row["pipeline/row_padding_final"], 0.0)
+    self.assertAlmostEqual(row["pipeline/row_padding_fraction"], 1 - 11 / 14)
+
+  def test_shapes_of_no_update(self):
+    self.assertEqual(metrics.pipeline_shapes([]), {})
+
+  def test_times(self):
+    row = metrics.pipeline_times({"learner": 1.0, "sampler": 2.0, "sandbox": 0.5}, 4.0)
+    self.assertEqual(row["pipeline/wall_seconds"], 4.0)
+    self.assertAlmostEqual(row["pipeline/learner_busy_fraction"], 0.25)
+    self.assertAlmostEqual(row["pipeline/sampler_busy_fraction"], 0.5)
+    self.assertAlmostEqual(row["pipeline/sandbox_busy_fraction"], 0.125)
+    self.assertAlmostEqual(row["pipeline/learner_idle_fraction"], 0.75)
+    self.assertEqual(set(row), set(metrics.PIPELINE_TIMES))
+    # Clipped at 1.
+    self.assertEqual(metrics.pipeline_times({"learner": 9.0}, 3.0)[
+        "pipeline/learner_busy_fraction"], 1.0)
+
+  def test_summarise_skips_the_first_row_for_times(self):
+    first = dict(metrics.pipeline_times({"learner": 10.0}, 10.0), phase="rl")
+    first.update(metrics.pipeline_shapes([{"rows": 1, "rows_provisional": 1, "row_slots": 4,
+                                           "loss_tokens": 1, "token_slots": 8}]))
+    later = dict(metrics.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
+    later.update(metrics.pipeline_shapes([{"rows": 3, "rows_provisional": 3, "row_slots": 4,
+                                           "loss_tokens": 3, "token_slots": 8}]))
+    s = pipeline.summarise([{"phase": "warmstart"}, first, later])
+    self.assertEqual(s["rl_rows"], 2)
+    self.assertAlmostEqual(s["learner_busy"], 0.25)
+    self.assertAlmostEqual(s["sampler_busy"], 0.75)
+    self.assertAlmostEqual(s["learner_idle"], 0.75)
+    self.assertEqual(s["updates_provisional"], 2)
+    self.assertEqual(s["updates_correction"], 0)
+    self.assertAlmostEqual(s["rows_per_update_provisional"], 2.0)
+    self.assertAlmostEqual(s["row_padding"], 0.5)
+    self.assertAlmostEqual(s["token_padding_provisional"], 0.75)
+
+
+if __name__ == "__main__":
+  absltest.main()
