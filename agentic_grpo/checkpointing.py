@@ -32,13 +32,26 @@ same step numbers); when checkpoints exist but none is intact it raises
 between Orbax's commit and the manifest, or one written before manifests existed) is not intact;
 `Checkpointer.adopt(step)` writes the manifest of a checkpoint known to be good. In a
 multi-process run process 0 verifies and every process restores the step it chose.
+
+Checkpoints of earlier versions restore into today's state, each conversion logged
+(`last_restore_notes`); one that cannot be made to fit raises `checkpoint_layout.LayoutError`
+naming the missing, extra and reshaped paths, before anything is read or moved. Derived:
+* `state.master` (float32 master of low-precision parameters, absent before it existed): the
+  saved `params` cast to float32 (`learner.STATE_DERIVATIONS`); for float32 parameters there
+  is nothing to derive (`master` is None). Saved bfloat16 AdamW moments of such a checkpoint
+  are read as today's float32 moments.
+* JSON records (`checkpoint_records`), a missing key only where a default is safe: the run's
+  metric `counters` ({}), `warmstart_passed` (None: no paired gain), `rl_phase` (None: no
+  unlogged rows) and its `harvest_rows`/`updates` ([]), `tokens`/`idle_batches` (0); the
+  replay's `counters` ({}). Everything else (the loop's ids, counters and in-flight batches,
+  the replay's groups, episodes and items, the host arrays) is required, named when absent.
 """
 
 import datetime
 import io
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from absl import logging
 from etils import epath
@@ -48,6 +61,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_grpo import checkpoint_integrity as integrity
+from agentic_grpo import checkpoint_layout as layout
 
 # Orbax refuses zero-size arrays; host arrays are stored with one leading pad element.
 _PAD = 1
@@ -149,6 +163,8 @@ class Checkpointer:
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                              enable_async_checkpointing=False, create=True))
     self._problems: dict[int, list[integrity.Problem]] = {}  # verified steps (process 0)
+    # What the last `restore` derived or converted to fit an earlier layout (empty: none).
+    self.last_restore_notes: list[str] = []
 
   @staticmethod
   def exists(directory: str) -> bool:
@@ -336,17 +352,22 @@ class Checkpointer:
     return dict(self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore())).meta)
 
-  def restore(self, step: Optional[int], abstract_state: Any
+  def restore(self, step: Optional[int], abstract_state: Any, *,
+              derivations: Sequence[layout.Derivation] = ()
               ) -> tuple[Any, dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """Restores checkpoint `step` (the newest intact one when None), verified first.
 
     With `step=None`, damaged checkpoints newer than the restored one are logged and moved to
-    `<directory>-damaged/` (see the module docstring). Every process must call it.
+    `<directory>-damaged/` (see the module docstring). Every process must call it. A state
+    saved by an earlier version is fitted to `abstract_state` (`checkpoint_layout`); what was
+    derived or converted is logged and kept in `last_restore_notes`.
 
     Args:
       step: which checkpoint, or None for the latest.
-      abstract_state: a pytree with the structure of the saved state whose leaves give shape,
+      abstract_state: a pytree with the structure of today's state whose leaves give shape,
         dtype (and sharding): arrays or `jax.ShapeDtypeStruct`s.
+      derivations: fields of today's state that older checkpoints may lack
+        (`learner.STATE_DERIVATIONS` for the learner's state).
 
     Returns:
       `(state, host, meta)` as saved; in a multi-process run, this process's own `host` and
@@ -357,9 +378,14 @@ class Checkpointer:
       CheckpointIntegrityError: checkpoint `step` is damaged, or (`step=None`) checkpoints exist
         but none is intact; the message names each damaged step and file.
       ValueError: the checkpoint was written by a different number of processes.
+      checkpoint_layout.LayoutError (a ValueError): the saved state cannot be made to fit
+        `abstract_state`; it names the missing, extra and reshaped paths. Nothing is moved.
     """
     latest = step is None
     step = self._resolve(step)
+    where = f"checkpoint {step} in {self.directory}: the saved state"
+    fit = layout.plan(layout.saved_tree(self._step_dir(step) / "state"), abstract_state,
+                      derivations, where=where)
     if latest:
       self._set_aside_newer(step)
     meta = self.read_meta(step)
@@ -367,7 +393,10 @@ class Checkpointer:
     if written_by != jax.process_count():
       raise ValueError(f"checkpoint {step} in {self.directory} holds the host state of "
                        f"{written_by} processes; this run has {jax.process_count()}")
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    self.last_restore_notes = fit.notes
+    for note in fit.notes:
+      logging.warning("checkpoint %d in %s (an earlier layout): %s", step, self.directory, note)
+    abstract = fit.item
     if written_by > 1:
       sharding = _process_row_sharding()
       rows = jax.ShapeDtypeStruct((written_by, int(meta["host_blob_width"])), np.uint8,
@@ -378,7 +407,7 @@ class Checkpointer:
       row = np.asarray(restored.host_rows["rows"].addressable_shards[0].data)[0]
       flat, own_meta = _decode_row(row)
       flat.pop(_FORMAT_KEY)
-      return restored.state, _unflatten_host(flat), own_meta
+      return fit.assemble(restored.state), _unflatten_host(flat), own_meta
     shapes = meta.pop("host_shapes")
     abstract_host = {k: np.zeros((n,), np.dtype(dt)) for k, (n, dt) in shapes.items()}
     restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -386,8 +415,7 @@ class Checkpointer:
         host=ocp.args.StandardRestore(abstract_host)))
     flat = _unpad({k: np.asarray(v) for k, v in restored.host.items()})
     flat.pop(_FORMAT_KEY)
-    host = _unflatten_host(flat)
-    return restored.state, host, meta
+    return fit.assemble(restored.state), _unflatten_host(flat), meta
 
   def close(self) -> None:
     self._manager.close()

@@ -55,7 +55,7 @@ def restore_params(workdir: str, step: int = -1):
                        jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain),
                        sh.state)
   abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
-  restored, _, meta = ckpt.restore(chosen, abstract)
+  restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS)
   return cfg, source, int(meta["step"]), restored["state"].params
 
 

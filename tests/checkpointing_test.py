@@ -17,10 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import checkpoint_integrity
+from agentic_grpo import checkpoint_layout
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo.models import transformer
+from tests.fixtures import old_checkpoints
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -168,6 +170,90 @@ _DAMAGE = (("flipped_data", _flip), ("truncated_data", _truncate_data),
 def _state(value: float) -> dict[str, np.ndarray]:
   return {"w": np.full((4096,), value, np.float32)}
 
+
+def _tiny(param_dtype, d_model=16):
+  return transformer.get_model_config("tiny", d_model=d_model, n_layers=1, n_heads=1,
+                                      n_kv_heads=1, head_dim=16, mlp_dim=32,
+                                      param_dtype=param_dtype)
+
+
+class EarlierLayoutTest(parameterized.TestCase):
+  """Checkpoints written before `TrainState.master` existed (tests/fixtures/old_checkpoints)."""
+
+  def _pre_master(self, directory, param_dtype, steps=(1,)):
+    """Saves pre-master states at `steps`; returns the last one saved."""
+    _, params = transformer.init_model(_tiny(param_dtype), 0)
+    opt = learner.make_optimizer(config_lib.OptimSection())
+    old = old_checkpoints.pre_master_state(params, opt, 3)
+    moments = lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x
+    old = old.replace(step=jnp.int32(5), opt_state=jax.tree.map(moments, old.opt_state))
+    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    for step in steps:
+      ck.save(step, {"state": old}, {"replay": {"x": np.arange(3)}}, {"phase": "rl"})
+    ck.close()
+    return old, opt
+
+  @parameterized.named_parameters(("float32", jnp.float32), ("bfloat16", jnp.bfloat16))
+  def test_pre_master_checkpoint_restores(self, param_dtype):
+    directory = self.create_tempdir().full_path
+    old, opt = self._pre_master(directory, param_dtype)
+    abstract = {"state": learner.init_state(transformer.init_model(_tiny(param_dtype), 1)[1],
+                                            opt, 0)}
+    ck = checkpointing.Checkpointer(directory)
+    low_precision = param_dtype != jnp.float32
+    if low_precision:  # The failure: today's tree has a master the checkpoint lacks.
+      with self.assertRaisesRegex(checkpoint_layout.LayoutError,
+                                  r"missing from the checkpoint, with no derivation: "
+                                  r"state\.master \(11 arrays\)"):
+        ck.restore(None, abstract)
+    got, host, meta = ck.restore(None, abstract, derivations=learner.STATE_DERIVATIONS)
+    state = got["state"]
+    self.assertEqual(jax.tree.structure(state), jax.tree.structure(abstract["state"]))
+    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      self.assertEqual(b.dtype, param_dtype)
+    # The moments were saved in the parameters' dtype: read exactly as today's float32.
+    for a, b in zip(jax.tree.leaves(old.opt_state), jax.tree.leaves(state.opt_state)):
+      np.testing.assert_array_equal(np.asarray(a).astype(np.asarray(b).dtype), np.asarray(b))
+    self.assertEqual(int(state.step), 5)
+    np.testing.assert_array_equal(np.asarray(state.rng), np.asarray(old.rng))
+    np.testing.assert_array_equal(host["replay"]["x"], np.arange(3))
+    self.assertEqual(meta, {"phase": "rl"})
+    if not low_precision:
+      self.assertIsNone(state.master)
+      self.assertEmpty(ck.last_restore_notes)
+      return
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master)):
+      self.assertEqual(m.dtype, jnp.float32)
+      np.testing.assert_array_equal(np.asarray(m), np.asarray(p).astype(np.float32))
+    notes = "\n".join(ck.last_restore_notes)
+    self.assertIn("derived state.master (11 arrays) from state.params", notes)
+    self.assertIn("read 22 arrays saved as bfloat16 as float32", notes)
+
+  def test_a_checkpoint_that_cannot_fit_is_named_and_nothing_moves(self):
+    # A bfloat16 run's checkpoints (the newest damaged) restored into float32 models.
+    directory = self.create_tempdir().full_path
+    opt = learner.make_optimizer(config_lib.OptimSection())
+    saved = learner.init_state(transformer.init_model(_tiny(jnp.bfloat16), 0)[1], opt, 0)
+    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    for step in (1, 2):
+      ck.save(step, {"state": saved}, {}, {"phase": "rl"})
+    _truncate_data(pathlib.Path(directory) / "2")
+    f32 = lambda width: {"state": learner.init_state(
+        transformer.init_model(_tiny(jnp.float32, d_model=width), 1)[1], opt, 0)}
+    with self.assertRaises(checkpoint_layout.LayoutError) as raised:
+      ck.restore(None, f32(16), derivations=learner.STATE_DERIVATIONS)
+    self.assertStartsWith(str(raised.exception), f"checkpoint 1 in {directory}: the saved state "
+                          f"does not fit today's tree")
+    self.assertIn("in the checkpoint, not in today's tree: state.master (11 arrays)",
+                  str(raised.exception))
+    with self.assertRaises(checkpoint_layout.LayoutError) as raised:
+      ck.restore(1, f32(32), derivations=learner.STATE_DERIVATIONS)
+    self.assertIn("another shape: state.opt_state.inner_state.1.0.mu.embed.value saved "
+                  "[269, 16], today [269, 32]", str(raised.exception))
+    # Nothing was moved aside: not even the damaged newer checkpoint.
+    self.assertEqual(ck.all_steps(), [1, 2])
+    self.assertFalse(os.path.exists(directory + "-damaged"))
 
 class IntegrityTest(parameterized.TestCase):
 

@@ -6,6 +6,7 @@ from unittest import mock
 from absl.testing import absltest
 import numpy as np
 
+from agentic_grpo import checkpoint_records
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import references
@@ -177,6 +178,22 @@ class LoopTest(absltest.TestCase):
       np.testing.assert_array_equal(sa[0][k], sb[0][k])
     self.assertEqual(a_loop.state_dict()[1]["stream_position"],
                      b_loop.state_dict()[1]["stream_position"])
+
+  def test_state_without_a_required_key_is_named(self):
+    # None of the loop's keys has a safe default (ids, counters, in-flight batches).
+    a_loop, _, _ = self._loop(ScriptedSampler())
+    a_loop.step(None, 0)
+    arrays, meta = a_loop.state_dict()
+    b_loop, _, _ = self._loop(ScriptedSampler())
+    for key in ("next_group_id", "counters"):
+      with self.assertRaisesRegex(checkpoint_records.RecordError,
+                                  rf"meta\.loop lacks {key}, which have no safe default"):
+        b_loop.load_state_dict(arrays, {k: v for k, v in meta.items() if k != key})
+    slots = [None if s is None else {k: v for k, v in s.items() if k != "pending"}
+             for s in meta["slots"]]
+    with self.assertRaisesRegex(checkpoint_records.RecordError,
+                                r"meta\.loop\.slots\[\] lacks pending"):
+      b_loop.load_state_dict(arrays, dict(meta, slots=slots))
 
   def test_raising_parser_and_timeouts_are_counted_not_fatal(self):
     real_parse = stages.TestsStage.parse

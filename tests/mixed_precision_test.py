@@ -15,6 +15,7 @@ from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
+from tests.fixtures import old_checkpoints
 
 N, T = 4, 16
 
@@ -156,6 +157,27 @@ class MixedPrecisionTest(absltest.TestCase):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  def test_checkpoint_from_before_the_master_trains_on(self):
+    # A bfloat16 run saved before `TrainState.master` existed (bfloat16 moments, no master):
+    # restored with the master derived from its parameters and the moments read as float32,
+    # into the learner's shardings, it takes updates like any other state.
+    old = old_checkpoints.pre_master_state(self._params(), self.opt)
+    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck.save(2, {"state": old}, {}, {"phase": "warmstart"})
+    abstract = {"state": self._fresh()}
+    got, _, _ = ck.restore(None, abstract, derivations=learner.STATE_DERIVATIONS)
+    state = jax.device_put(got["state"], self.sh.state)
+    self.assertEqual(jax.tree.structure(state), jax.tree.structure(abstract["state"]))
+    for x in _float_leaves(state.master) + _float_leaves(state.opt_state):
+      self.assertEqual(x.dtype, jnp.float32)
+    np.testing.assert_array_equal(_norm_scales(state.master), _norm_scales(old.params))
+    state = self._run(state, 2)
+    self.assertEqual(int(state.step), 2)
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master)):
+      np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(p.dtype)))
+    self.assertTrue(any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                        zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params))))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo import checkpoint_records
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import losses as losses_lib
@@ -363,6 +364,30 @@ class StagedReplayTest(parameterized.TestCase):
         np.testing.assert_array_equal(getattr(x.update, field), getattr(y.update, field))
       self.assertEqual(x.segments, y.segments)
     self.assertEqual(a.counters, b.counters)
+
+  def test_state_of_an_earlier_version_without_counters(self):
+    # Counters only feed logged metrics: a state without them restores them at zero; anything
+    # else absent is named.
+    rng = np.random.default_rng(3)
+    a, b = _make(), _make()
+    ids = np.arange(G)
+    eps = _Episodes(rng, ids)
+    a.add_group(0, ids)
+    a.add_stage(ids, 0, *eps.stage(ids), 0, rng.random(G))
+    arrays, meta = a.state_dict()
+    self.assertNotEmpty(a.counters)
+    old = {k: v for k, v in meta.items() if k != "counters"}
+    with self.assertLogs(level="WARNING") as logs:
+      b.load_state_dict(arrays, old)
+    self.assertIn("meta.replay lacks 'counters'", logs.output[0])
+    self.assertEmpty(b.counters)
+    self.assertEqual(b.state_dict()[1]["items"], meta["items"])
+    self.assertEqual(b.state_dict()[1]["episodes"], meta["episodes"])
+    with self.assertRaisesRegex(checkpoint_records.RecordError, r"meta\.replay lacks items"):
+      b.load_state_dict(arrays, {k: v for k, v in meta.items() if k != "items"})
+    with self.assertRaisesRegex(checkpoint_records.RecordError,
+                                r"host arrays replay lacks token_segment"):
+      b.load_state_dict({k: v for k, v in arrays.items() if k != "token_segment"}, meta)
 
   def test_bad_inputs(self):
     replay = _make()

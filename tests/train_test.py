@@ -15,6 +15,7 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
+from agentic_grpo import checkpoint_layout
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
@@ -30,6 +31,7 @@ from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
+from tests.fixtures import old_checkpoints
 
 HANG = "def f(x):\n  while True:\n    pass\n"
 
@@ -255,7 +257,9 @@ class TrainTest(parameterized.TestCase):
     train.run(cfg, full, pool=self.pool)
     want = self._final(full, cfg)
     positions = []
-    for stops in ((1, 5), (3,)):  # Mid-warm-start, then mid-RL; and right after the phase change.
+    # Mid-warm-start, then mid-RL; right after the phase change; and mid-RL from a checkpoint
+    # in an earlier version's layout (no `master` node, no metric counters in the meta).
+    for stops, earlier in (((1, 5), False), ((3,), False), ((5,), True)):
       parts = self.create_tempdir().full_path
       for stop in stops:
         result = train.run(cfg, parts, pool=self.pool, stop_after=stop)
@@ -263,7 +267,17 @@ class TrainTest(parameterized.TestCase):
         meta = self._final(parts, cfg)[2]
         if meta["phase"] == "rl":
           positions.append(meta["data_position"])
-      train.run(cfg, parts, pool=self.pool)
+      if earlier:
+        directory = os.path.join(parts, "checkpoints")
+        old_checkpoints.downgrade_to_pre_master(directory, stops[-1])
+        old_checkpoints.drop_meta_keys(directory, stops[-1], ["counters"])
+        saved = checkpoint_layout.saved_tree(os.path.join(directory, str(stops[-1]), "state"))
+        self.assertNotIn("master", saved["state"])
+        with self.assertLogs(level="WARNING") as logs:
+          train.run(cfg, parts, pool=self.pool)
+        self.assertTrue(any("meta lacks 'counters'" in line for line in logs.output))
+      else:
+        train.run(cfg, parts, pool=self.pool)
       got = self._final(parts, cfg)
       self._assert_same(want, got, stops)
       # The warm-start's per-task results survive the restart: the paired gain is reported.

@@ -18,11 +18,14 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from agentic_grpo import checkpoint_records as records
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import workflow as workflow_lib
 
 # One recorded row: `(generated ids [M] int32, behaviour log-probs [M] float32)`.
 Row = tuple[np.ndarray, np.ndarray]
+# The keys of an `encode` entry, all required to restore the batch.
+ENTRY_KEYS = ("batch_id", "positions", "group_ids", "episode_ids", "done", "stages", "pending")
 
 
 @dataclasses.dataclass
@@ -90,7 +93,12 @@ def encode(slots: Sequence[Optional[InFlightBatch]]
 
 
 def decode_rows(arrays: dict[str, np.ndarray]) -> Iterator[Row]:
-  """The recorded rows of `encode`'s arrays, in its order (lazily)."""
+  """The recorded rows of `encode`'s arrays, in its order (lazily).
+
+  Raises:
+    checkpoint_records.RecordError: `arrays` lacks `gen`, `logprobs` or `lengths`.
+  """
+  arrays = records.read(arrays, "host arrays loop", required=("gen", "logprobs", "lengths"))
   lengths = np.asarray(arrays["lengths"], np.int64)
   starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
   return ((np.asarray(arrays["gen"][int(starts[i]):int(starts[i + 1])], np.int32),

@@ -48,6 +48,7 @@ from typing import Any, Callable, Optional, Sequence
 from absl import logging
 import numpy as np
 
+from agentic_grpo import checkpoint_records as records
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import inflight
 from agentic_grpo.agent import streams
@@ -58,6 +59,10 @@ from agentic_grpo.tasks import task as task_lib
 #   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`.
 SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray,
                                                                       np.ndarray]]
+
+# The keys of `AgentLoop.state_dict`'s meta, all required to restore.
+_STATE_KEYS = ("slots", "cursor", "phase", "rng_counter", "next_batch_id", "next_episode_id",
+               "next_group_id", "stream_position", "counters")
 
 
 class AgentLoop:
@@ -349,7 +354,10 @@ class AgentLoop:
 
     Raises:
       ValueError: if the state has another number of batches in flight than the loop.
+      checkpoint_records.RecordError: `meta` lacks a key (none has a safe default: the ids
+        and counters decide the next episodes and `rl.episode_budget`).
     """
+    meta = records.read(meta, "meta.loop", required=_STATE_KEYS)
     rows = inflight.decode_rows(arrays)  # per recorded row, in `state_dict`'s order
     self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
     self.rng_counter = int(meta["rng_counter"])
@@ -364,6 +372,7 @@ class AgentLoop:
 
   def _restore_batch(self, sm: dict[str, Any], rows) -> inflight.InFlightBatch:
     """One in-flight batch from its `state_dict` entry; consumes its rows from `rows`."""
+    sm = records.read(sm, "meta.loop.slots[]", required=inflight.ENTRY_KEYS)
     tasks = self.stream.at(sm["positions"])
     slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
                              (sm["group_ids"], sm["episode_ids"]))

@@ -35,6 +35,8 @@ Mixed precision: parameters stored in bfloat16 (`model.param_dtype`) get a float
 moments; the forward and backward passes run on the low-precision parameters, the float32
 gradients update the master, and the parameters are the master cast back (`state` module). The
 sampler and the KL reference use the low-precision parameters. Float32 parameters: no master.
+A checkpoint written before the master existed restores with the master derived from its
+parameters (`STATE_DERIVATIONS`, passed to `Checkpointer.restore`).
 
 Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
 (`learner_shardings` builds them on a device mesh, from `jax.eval_shape` of the train state); by
@@ -50,6 +52,7 @@ from agentic_grpo.learner.state import init_state
 from agentic_grpo.learner.state import make_optimizer
 from agentic_grpo.learner.state import needs_master
 from agentic_grpo.learner.state import nonfinite_count
+from agentic_grpo.learner.state import STATE_DERIVATIONS
 from agentic_grpo.learner.state import NonFiniteUpdatesError
 from agentic_grpo.learner.state import to_master
 from agentic_grpo.learner.state import TrainState

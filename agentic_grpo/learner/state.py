@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from agentic_grpo import checkpoint_layout
 from agentic_grpo import config as config_lib
 
 @flax.struct.dataclass
@@ -37,6 +38,15 @@ class TrainState:
   step: jax.Array
   rng: jax.Array
   master: Any = None
+
+
+# Fields of `TrainState` that checkpoints of earlier versions lack, and how a restore rebuilds
+# them (`Checkpointer.restore(..., derivations=STATE_DERIVATIONS)`).
+STATE_DERIVATIONS = (
+    checkpoint_layout.Derivation(
+        "master", "the float32 master copy, absent from checkpoints written before it existed: "
+        "the saved low-precision params cast to float32 (exact)", source="params"),
+)
 
 
 @functools.lru_cache(maxsize=32)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from agentic_grpo import checkpoint_records
 from agentic_grpo.replay import records
 
 # A stored row: `(tokens [L] int32, loss_mask [L] bool, behaviour_logprobs [L] f32,
@@ -81,7 +82,18 @@ def encode(groups: Groups, episodes: Episodes, ready: collections.deque[records.
 
 def decode(arrays: dict[str, np.ndarray], meta: dict[str, Any]
            ) -> tuple[Groups, Episodes, collections.deque[records.Item], collections.Counter]:
-  """The inverse of `encode`: `(groups, episodes, ready, counters)`."""
+  """The inverse of `encode`: `(groups, episodes, ready, counters)`.
+
+  A `meta` without `counters` (an earlier version's) starts them at zero: they only feed
+  logged metrics.
+
+  Raises:
+    checkpoint_records.RecordError: `meta` or `arrays` lacks anything else of `encode`'s.
+  """
+  meta = checkpoint_records.read(meta, "meta.replay", required=("groups", "episodes", "items"),
+                                 defaults={"counters": {}})
+  arrays = checkpoint_records.read(arrays, "host arrays replay",
+                                   required=("lengths",) + tuple(n for n, _ in _ROW_FIELDS))
   row = arrays_to_rows(arrays).__getitem__
   groups = {int(g): records.PendingGroup([int(e) for e in eps], [int(c) for c in rep], int(fin))
             for g, eps, rep, fin in meta["groups"]}

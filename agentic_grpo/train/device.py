@@ -116,7 +116,7 @@ def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[A
       comp.shardings.state)
   abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
   try:
-    restored, _, meta = ckpt.restore(step, abstract)
+    restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS)
   except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
     raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
                      f"(another model shape?): {e}") from e
@@ -223,7 +223,8 @@ class DeviceSide:
     with_ref = self._use_kl and ckpt.read_meta()["phase"] == "rl"
     abstract = {"state": self._state, "ref": self._params0} if with_ref else {"state": self._state}
     try:
-      restored, host, meta = ckpt.restore(None, abstract)
+      restored, host, meta = ckpt.restore(None, abstract,
+                                          derivations=learner.STATE_DERIVATIONS)
     except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
       raise ValueError(f"cannot resume from {ckpt.directory}: the checkpoint does not match "
                        f"this config (e.g. loss.kl_beta > 0 now but the RL phase was saved "

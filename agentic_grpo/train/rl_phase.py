@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from absl import logging
 
+from agentic_grpo import checkpoint_records as records
 from agentic_grpo.replay import batching
 from agentic_grpo.train import coordination
 from agentic_grpo.train import device as device_lib
@@ -197,6 +198,10 @@ class RLPhase:
                         for m, (_, stats) in zip(updates, self.updates)]}
 
   def _load(self, saved: dict[str, Any]) -> None:
+    # Unlogged rows and the idle count: a checkpoint of an earlier version without one starts
+    # it afresh (logged metrics only; at most `rl.max_idle_batches` more idle batches).
+    saved = records.read(saved, "meta.rl_phase", defaults={
+        "harvest_rows": [], "idle_batches": 0, "tokens": 0, "updates": []})
     self.harvest_rows = [dict(r) for r in saved["harvest_rows"]]
     self.idle_batches = int(saved["idle_batches"])
     self.tokens = int(saved["tokens"])

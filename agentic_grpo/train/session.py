@@ -16,6 +16,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from agentic_grpo import checkpoint_records as records
 from agentic_grpo import checkpointing
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
@@ -28,6 +29,9 @@ from agentic_grpo.train import preemption
 
 # Unlimited training streams: warm-start tasks start at this index, RL tasks at 0.
 _WARMSTART_OFFSET = 1 << 24
+# Meta keys a checkpoint of an earlier version may lack, and their safe defaults: metric
+# counters start afresh, no warm-start results (no paired gain), no unlogged RL rows.
+_META_DEFAULTS = {"counters": {}, "warmstart_passed": None, "rl_phase": None}
 
 
 def periodic(step: int, every: int, *, start: int = 0) -> bool:
@@ -107,14 +111,21 @@ class Session:
     self.t_start = time.time()
 
   def restore(self) -> None:
-    """Resumes from the latest intact checkpoint, if any; opens the metrics writer."""
+    """Resumes from the latest intact checkpoint, if any; opens the metrics writer.
+
+    Raises:
+      checkpoint_records.RecordError: the checkpoint lacks a record without a safe default.
+    """
     if self.ckpt.latest_step() is not None:
       host, meta = self.device.restore(self.ckpt)
+      meta = records.read(meta, "meta", required=("phase", "step"), defaults=_META_DEFAULTS)
       self.phase, self.step = meta["phase"], int(meta["step"])
       self.counters = collections.Counter(meta["counters"])
       if meta.get("warmstart_passed") is not None:
         self.warm_passed = np.asarray(meta["warmstart_passed"], bool)
       if self.phase == "rl":
+        records.read(meta, "meta", required=("replay", "loop"))
+        records.read(host, "host arrays", required=("replay", "loop"))
         self.replay.load_state_dict(host["replay"], meta["replay"])
         self.agent.load_state_dict(host["loop"], meta["loop"])
         self.rl_saved = meta.get("rl_phase")
