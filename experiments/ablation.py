@@ -63,6 +63,9 @@ _DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
                             "Latency of the long-horizon final judge (seconds).")
 _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                "Training episodes per run (0: the config's default).")
+_SHARED = flags.DEFINE_bool(
+    "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
+    "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")
 
 
 def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stages: int = 4,
@@ -153,8 +156,12 @@ def _seed_from(warm: str, wd: str) -> None:
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
-            episode_budget: int = 0) -> list[str]:
-  """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now."""
+            episode_budget: int = 0, shared_warmstart: bool = False) -> list[str]:
+  """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now.
+
+  With `shared_warmstart` every seed of a task starts from seed 0's warm-start
+  (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
+  """
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
   options = dict(quick=quick, num_stages=num_stages, final_reward_delay_s=final_reward_delay_s)
@@ -165,7 +172,7 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
       if not todo:
         logging.info("skipping %s seed %d (every arm finished)", task, seed)
         continue
-      warm = _warm_start(train, root, task, seed, options)
+      warm = _warm_start(train, root, task, 0 if shared_warmstart else seed, options)
       for arm in todo:
         wd = workdir(root, task, arm, seed)
         _seed_from(warm, wd)
@@ -189,7 +196,7 @@ def main(argv: Sequence[str]) -> None:
   seeds = range(1 if _QUICK.value else _SEEDS.value)
   run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
           num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
-          episode_budget=_BUDGET.value)
+          episode_budget=_BUDGET.value, shared_warmstart=_SHARED.value)
   ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
 
 

@@ -65,6 +65,15 @@ class LongHorizonTasksTest(parameterized.TestCase):
         self.assertTrue(any(rival(e.args[0]) != e.expected for e in t.hidden_tests))
     self.assertGreater(found, 0)
 
+  def test_primitives_restrict_the_pieces(self):
+    names = ("sort", "rev", "uniq", "sum", "upper", "srev", "slen")
+    src = lh.LongHorizonTasks(lh.LongHorizonConfig(primitives=names))
+    used = {p.primitive.name for t in src.tasks("train", 0, 40) for p in lh.pieces(t)}
+    self.assertLessEqual(used, set(names))
+    self.assertGreater(len(used), 3)
+    with self.assertRaisesRegex(ValueError, r"primitives.*'sqrt'"):
+      lh.LongHorizonConfig(primitives=("sort", "sqrt"))
+
   def test_bad_config_and_arguments(self):
     with self.assertRaisesRegex(ValueError, "num_stages"):
       lh.LongHorizonConfig(num_stages=1)

@@ -61,6 +61,10 @@ class LongHorizonConfig:
     max_int: list elements are drawn from 0..max_int.
     alphabet: letters of string inputs.
     split_fractions: shares of the hash space for train, validation, test.
+    primitives: names (`synthetic.BY_NAME`) of the primitives pieces are drawn from; empty =
+      the whole grammar. A smaller set is an easier task (fewer pieces to tell apart); the
+      stage checks' rivals (`piece_ambiguity`) stay the whole grammar, which the model may
+      write.
   """
   seed: int = 0
   num_stages: int = 4
@@ -72,6 +76,7 @@ class LongHorizonConfig:
   max_int: int = 9
   alphabet: str = "abcdef"
   split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+  primitives: tuple[str, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.num_stages, int) or self.num_stages < 2:
@@ -93,6 +98,10 @@ class LongHorizonConfig:
         or abs(sum(self.split_fractions) - 1.0) > 1e-9):
       raise ValueError(f"split_fractions must be 3 positive shares summing to 1, "
                        f"got {self.split_fractions}")
+    unknown = sorted(set(self.primitives) - set(synthetic.BY_NAME))
+    if unknown:
+      raise ValueError(f"primitives must name primitives of the synthetic grammar, got "
+                       f"unknown {unknown}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +237,8 @@ class LongHorizonTasks:
       raise ValueError(f"config must be a LongHorizonConfig, got {type(config).__name__}")
     self.config = config
     self._by_type: dict[str, dict[str, list[synthetic.Primitive]]] = {}
-    for p in synthetic.PRIMITIVES:
+    allowed = set(config.primitives or synthetic.BY_NAME)
+    for p in (q for q in synthetic.PRIMITIVES if q.name in allowed):
       self._by_type.setdefault(p.in_type, {}).setdefault(p.family, []).append(p)
 
   def task(self, split: str, index: int) -> task_lib.Task:
