@@ -28,6 +28,11 @@ band spanning the seeds).
 
     python -m experiments.ablation --root=ablation            # the full ablation (hours)
     python -m experiments.ablation --root=/tmp/abl --quick    # every arm, minutes
+
+The full run of `docs/ablation.md` (2 shared CPU cores, a few hours; rerun it to resume):
+
+    python -m experiments.ablation --root=ablation --shared_warmstart --seeds=3 \
+        --tasks=long_horizon,default --episode_budget=1024
 """
 
 import json
@@ -82,8 +87,8 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
   c.seed = seed
   c.optim.schedule = "constant"
   c.rl.num_steps = 100_000  # the episode budget ends the phase
-  c.rl.episode_budget = 4096
-  c.task.eval_size = 512
+  c.rl.episode_budget = 1024
+  c.task.eval_size = 256
   c.eval.every = 10
   c.eval.num_samples = 0
   c.log.every = 1
@@ -100,7 +105,7 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.loss.max_tokens = 32
     c.rl.buckets = (256, 448)
     c.warmstart.seq_len = 448
-    c.warmstart.steps = 400
+    c.warmstart.steps = 300
   spec = ARMS[arm]
   c.workflow.stage_rewards = spec["stage_rewards"]
   c.correction.enabled = spec["correction"]
