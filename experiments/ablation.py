@@ -28,6 +28,11 @@ band spanning the seeds).
 
     python -m experiments.ablation --root=ablation            # the full ablation (hours)
     python -m experiments.ablation --root=/tmp/abl --quick    # every arm, minutes
+
+The full run of `docs/ablation.md` (2 shared CPU cores, a few hours; rerun it to resume):
+
+    python -m experiments.ablation --root=ablation --shared_warmstart --seeds=3 \
+        --tasks=long_horizon,default --episode_budget=1024
 """
 
 import json
@@ -63,6 +68,9 @@ _DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
                             "Latency of the long-horizon final judge (seconds).")
 _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                "Training episodes per run (0: the config's default).")
+_SHARED = flags.DEFINE_bool(
+    "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
+    "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")
 
 
 def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stages: int = 4,
@@ -79,8 +87,8 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
   c.seed = seed
   c.optim.schedule = "constant"
   c.rl.num_steps = 100_000  # the episode budget ends the phase
-  c.rl.episode_budget = 4096
-  c.task.eval_size = 512
+  c.rl.episode_budget = 1024
+  c.task.eval_size = 256
   c.eval.every = 10
   c.eval.num_samples = 0
   c.log.every = 1
@@ -97,7 +105,7 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.loss.max_tokens = 32
     c.rl.buckets = (256, 448)
     c.warmstart.seq_len = 448
-    c.warmstart.steps = 400
+    c.warmstart.steps = 300
   spec = ARMS[arm]
   c.workflow.stage_rewards = spec["stage_rewards"]
   c.correction.enabled = spec["correction"]
@@ -153,8 +161,12 @@ def _seed_from(warm: str, wd: str) -> None:
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
-            episode_budget: int = 0) -> list[str]:
-  """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now."""
+            episode_budget: int = 0, shared_warmstart: bool = False) -> list[str]:
+  """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now.
+
+  With `shared_warmstart` every seed of a task starts from seed 0's warm-start
+  (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
+  """
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
   options = dict(quick=quick, num_stages=num_stages, final_reward_delay_s=final_reward_delay_s)
@@ -165,7 +177,7 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
       if not todo:
         logging.info("skipping %s seed %d (every arm finished)", task, seed)
         continue
-      warm = _warm_start(train, root, task, seed, options)
+      warm = _warm_start(train, root, task, 0 if shared_warmstart else seed, options)
       for arm in todo:
         wd = workdir(root, task, arm, seed)
         _seed_from(warm, wd)
@@ -189,7 +201,7 @@ def main(argv: Sequence[str]) -> None:
   seeds = range(1 if _QUICK.value else _SEEDS.value)
   run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
           num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
-          episode_budget=_BUDGET.value)
+          episode_budget=_BUDGET.value, shared_warmstart=_SHARED.value)
   ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
 
 

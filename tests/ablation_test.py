@@ -59,5 +59,19 @@ class AblationTest(absltest.TestCase):
     self.assertEmpty(ablation.run_all(root, tasks, arms, [0], quick=True))
 
 
+  def test_shared_warmstart_serves_every_seed(self):
+    root = tempfile.mkdtemp()
+    ran = ablation.run_all(root, ["default"], ["agentic"], [0, 1], quick=True,
+                           shared_warmstart=True)
+    self.assertLen(ran, 2)
+    warm = os.path.join(root, "default", "warmstart")
+    self.assertEqual(sorted(os.listdir(warm)), ["seed0"])
+    runs = [ablation_report.load_run(ablation.workdir(root, "default", "agentic", s))
+            for s in (0, 1)]
+    self.assertEqual(runs[0]["curve"][0], runs[1]["curve"][0])  # the same warm-start
+    for run in runs:
+      self.assertGreaterEqual(run["curve"][-1][0], 8)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -220,6 +220,25 @@ class StagedReplayTest(parameterized.TestCase):
     self.assertEqual(replay.counters["sign_reversals"], 2)
     self.assertEqual(replay.counters["corrections"], 0)
 
+  @parameterized.named_parameters(
+      # Stage [+, -, -, -] against final [-, +, -, -]: episodes 0 and 1 reverse (and are
+      # corrected); 2 and 3 keep their advantage (no correction).
+      ("opposite", [0.0, 1.0, 0.0, 0.0], 2, 2),
+      # Equal final rewards: every target is exactly 0, which withdraws each provisional
+      # update (a correction) but reverses no sign.
+      ("zero_targets", [0.0, 0.0, 0.0, 0.0], 0, G),
+      ("same_signs", [1.0, 0.0, 0.0, 0.0], 0, 0))
+  def test_sign_reversals_count_strictly_opposite_signs(self, final, reversals, corrections):
+    replay = _make(num_stages=1, pack_corrections=False)
+    eps = _Episodes(np.random.default_rng(6), range(G))
+    replay.add_group(0, range(G))
+    toks, masks, blps = eps.stage(range(G))
+    replay.add_stage(range(G), 0, toks, masks, blps, 0, [1.0, 0.0, 0.0, 0.0])
+    _drain(replay)
+    replay.finish(range(G), final)
+    self.assertEqual(replay.counters["sign_reversals"], reversals)
+    self.assertEqual(replay.counters["corrections"], corrections)
+
   @parameterized.parameters(True, False)
   def test_post_hoc_stage_credit_holds_provisional_items_until_the_outcome(self, correction):
     """`post_hoc` readies the same rows as `immediate`, all after `finish` (none before)."""

@@ -105,8 +105,9 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
       their provisional update).
     skip_zero_advantage: emit nothing for a segment whose advantage is exactly 0.
     pack: pack an episode's segments into one row when they chain (`batching.chains`).
-    counters: gets `sign_reversals` (target and applied provisional advantage of opposite
-      signs) and `corrections` added.
+    counters: gets `sign_reversals` (segments whose target and applied provisional advantage
+      have strictly opposite signs; a target of exactly 0 withdraws the provisional update
+      without reversing it) and `corrections` added.
   """
   target, delta = batched.outcome_credit(
       _field(grid, lambda s: s.reward, np.float32), final_rewards,
@@ -124,7 +125,7 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
         continue
       had_provisional = s.applied != 0.0
       if had_provisional:
-        if np.sign(t_row[k]) != np.sign(s.applied):
+        if t_row[k] * s.applied < 0.0:  # strictly opposite signs (a zero target is none)
           counters["sign_reversals"] += 1
         if not correction:
           continue

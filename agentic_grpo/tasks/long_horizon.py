@@ -20,9 +20,9 @@ same type may agree with every public example of the piece and still change `f` 
 test (`sorted` and `list(dict.fromkeys(...))` agree on `[1,2]`). Such a piece earns its full
 stage reward and sinks the final reward. `piece_ambiguity` measures this per piece and
 `measure_ambiguity` over a split. Measured on train tasks 0..299 (K = 4, pieces of 1-4
-elements): with the default 3 examples per piece 13% of pieces are ambiguous and 40% of tasks
-have at least one ambiguous piece; with 2 examples, 22% and 62%; with K = 6 and 2 examples, 21%
-and 78% (`tests/long_horizon_test.py` checks the default's shares).
+elements, the default `PRIMITIVES`): with the default 3 examples per piece 13% of pieces are
+ambiguous and 41% of tasks have at least one ambiguous piece; with 2 examples, 23% and 63%; with
+K = 6 and 2 examples, 23% and 78% (`tests/long_horizon_test.py` checks the default's shares).
 
 **Determinism and splits** follow `tasks.synthetic`: task `i` of a split is a pure function of
 `(seed, split, i)`; a task's split is a stable hash of its program and piece examples, so no
@@ -45,6 +45,16 @@ SOURCE = "long_horizon"
 ENTRY_POINT = synthetic.ENTRY_POINT
 PARAM = synthetic.PARAM
 
+# The default pieces: every family of the synthetic grammar with one constant each (`add1`,
+# `gt4`, `take2`, ...): 26 of its 49 primitives, fewer pieces to tell apart. With the whole
+# grammar a ~1M-parameter model after a 150-step warm-start wrote a piece that passed its
+# examples about a third of the time, so a K = 4 program almost never passed (final reward 0 in
+# every training episode; docs/ablation.md). The stage checks stay as ambiguous (the rivals
+# are the whole grammar): 13% of pieces, 41% of tasks.
+PRIMITIVES = ("add1", "mul2", "mod2", "even", "odd", "gt4", "sort", "rev", "take2", "drop1",
+              "uniq", "sum", "max", "min", "len", "upper", "srev", "ssort", "stake2", "sdrop1",
+              "suniq", "dela", "repab", "dup", "slen", "counta")
+
 
 @dataclasses.dataclass(frozen=True)
 class LongHorizonConfig:
@@ -61,6 +71,10 @@ class LongHorizonConfig:
     max_int: list elements are drawn from 0..max_int.
     alphabet: letters of string inputs.
     split_fractions: shares of the hash space for train, validation, test.
+    primitives: names (`synthetic.BY_NAME`) of the primitives pieces are drawn from
+      (default `PRIMITIVES`); empty = the whole grammar. A smaller set is an easier task (fewer pieces to tell apart); the
+      stage checks' rivals (`piece_ambiguity`) stay the whole grammar, which the model may
+      write.
   """
   seed: int = 0
   num_stages: int = 4
@@ -72,6 +86,7 @@ class LongHorizonConfig:
   max_int: int = 9
   alphabet: str = "abcdef"
   split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+  primitives: tuple[str, ...] = PRIMITIVES
 
   def __post_init__(self):
     if not isinstance(self.num_stages, int) or self.num_stages < 2:
@@ -93,6 +108,10 @@ class LongHorizonConfig:
         or abs(sum(self.split_fractions) - 1.0) > 1e-9):
       raise ValueError(f"split_fractions must be 3 positive shares summing to 1, "
                        f"got {self.split_fractions}")
+    unknown = sorted(set(self.primitives) - set(synthetic.BY_NAME))
+    if unknown:
+      raise ValueError(f"primitives must name primitives of the synthetic grammar, got "
+                       f"unknown {unknown}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +247,8 @@ class LongHorizonTasks:
       raise ValueError(f"config must be a LongHorizonConfig, got {type(config).__name__}")
     self.config = config
     self._by_type: dict[str, dict[str, list[synthetic.Primitive]]] = {}
-    for p in synthetic.PRIMITIVES:
+    allowed = set(config.primitives or synthetic.BY_NAME)
+    for p in (q for q in synthetic.PRIMITIVES if q.name in allowed):
       self._by_type.setdefault(p.in_type, {}).setdefault(p.family, []).append(p)
 
   def task(self, split: str, index: int) -> task_lib.Task:
