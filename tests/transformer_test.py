@@ -201,8 +201,28 @@ class ApplyTest(parameterized.TestCase):
       np.testing.assert_allclose(decoded[i], full_rows[i], atol=2e-5, rtol=1e-5)
     self.assertEqual(int(cache.index), total)
 
+  @parameterized.parameters("tied_gqa", "untied_bias_mha", "qk_norm_odd_heads")
+  def test_logits_at_selects_one_token_per_row(self, name):
+    config, graphdef, params = _model(name)
+    n, t = 3, 9
+    tokens = np.random.RandomState(8).randint(0, config.vocab_size, (n, t)).astype(np.int32)
+    mask = np.arange(t)[None] < np.array([9, 4, 6])[:, None]
+    at = np.array([8, 3, 5], np.int32)
+    full, full_cache = _apply(graphdef, params, tokens, _positions(n, t),
+                              transformer.init_cache(config, n, t + 2), mask)
+    some, some_cache = _apply(graphdef, params, tokens, _positions(n, t),
+                              transformer.init_cache(config, n, t + 2), mask, at)
+    chex.assert_shape(some, (n, 1, config.vocab_size))
+    np.testing.assert_allclose(np.asarray(some)[:, 0], np.asarray(full)[np.arange(n), at],
+                               atol=1e-5, rtol=1e-5)
+    # The cache is the same as without the selection: every slot's keys and values.
+    chex.assert_trees_all_equal(some_cache, full_cache)
+
   def test_shape_errors(self):
     config, graphdef, params = _model("tied_gqa")
+    with self.assertRaisesRegex(ValueError, "logits_at must be"):
+      transformer.apply(graphdef, params, jnp.zeros((2, 4), jnp.int32), _positions(2, 4),
+                        logits_at=jnp.zeros((3,), jnp.int32))
     with self.assertRaisesRegex(ValueError, "tokens must be"):
       transformer.apply(graphdef, params, jnp.zeros((4,), jnp.int32), jnp.zeros((4,)))
     with self.assertRaisesRegex(ValueError, "positions shape"):

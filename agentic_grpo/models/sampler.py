@@ -306,9 +306,11 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   cache = place(transformer.init_cache(config, n, p))
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
   prompt_mask = positions < prompt_lengths[:, None]
-  logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask)
+  # Only the last prompt token's logits are needed (and the last block's MLP only there).
+  logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
+                                    logits_at=prompt_lengths - 1)
   cache = place(cache)
-  last = logits[jnp.arange(n), prompt_lengths - 1]
+  last = logits[:, 0]
   row_keys = jax.random.split(rng, n)
   seq_real = stop_seqs >= 0
   seq_nonempty = jnp.any(seq_real, axis=-1)  # [N, M]

@@ -473,9 +473,13 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config, rngs=rngs)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, layer_cache=None, index=None):
+  def __call__(self, x, positions, mask, layer_cache=None, index=None, keep=None):
+    """`keep`: None, or `[N]` int32 slots; the output is then `[N, 1, D]` at those slots only
+    (the MLP runs on them alone; the cache still gets every slot's keys and values)."""
     h, new_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, index)
     x = x + h
+    if keep is not None:
+      x = jnp.take_along_axis(x, keep[:, None, None], axis=1)
     x = x + self.mlp(self.mlp_norm(x))
     return x, new_cache
 
@@ -496,7 +500,8 @@ class Transformer(nnx.Module):
       self.lm_head = _param(rngs, _normal(c.d_model ** -0.5), (c.d_model, c.vocab_size),
                             ("embed", "vocab"), c.param_dtype)
 
-  def __call__(self, tokens, positions, cache: Optional[KVCache] = None, segment_mask=None):
+  def __call__(self, tokens, positions, cache: Optional[KVCache] = None, segment_mask=None,
+               logits_at=None):
     c = self.config
     n, t = tokens.shape
     if segment_mask is None:
@@ -516,7 +521,8 @@ class Transformer(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_new = block(x, positions, mask, layer_cache, index)
+      keep = logits_at if i == len(self.layers) - 1 else None
+      x, layer_new = block(x, positions, mask, layer_cache, index, keep)
       if layer_new is not None:
         new_k.append(layer_new[0])
         new_v.append(layer_new[1])
@@ -593,6 +599,7 @@ def apply(
     positions: jax.Array,
     cache: Optional[KVCache] = None,
     segment_mask: Optional[jax.Array] = None,
+    logits_at: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, Optional[KVCache]]:
   """Forward pass; pure, to be used under `jax.jit`.
 
@@ -606,22 +613,32 @@ def apply(
       cache's S slots) and attend to every valid earlier slot.
     segment_mask: optional `[N, T]` bool, False on padding; padded tokens are
       never attended to. Defaults to all True.
+    logits_at: optional `[N]` int32, one token index in `[0, T)` per row: only
+      that token's logits are computed (a prefill needs the last prompt
+      token's), and the last block's MLP runs on those tokens alone. The
+      cache is filled as without it.
 
   Returns:
-    `(logits [N, T, V] float32, new_cache)`; `new_cache` is None without a
-    cache. Logits at padded query slots are finite but meaningless.
+    `(logits [N, T, V] float32, new_cache)` (`[N, 1, V]` with `logits_at`);
+    `new_cache` is None without a cache. Logits at padded query slots are
+    finite but meaningless.
 
   Raises:
     ValueError: on rank or shape mismatch of `tokens`, `positions`,
-      `segment_mask`, or a cache whose batch differs from `tokens`.
+      `segment_mask`, `logits_at`, or a cache whose batch differs from
+      `tokens`.
   """
   _check_tokens(tokens, positions, segment_mask)
   if cache is not None and cache.valid.shape[0] != tokens.shape[0]:
     raise ValueError(f"cache batch {cache.valid.shape[0]} must equal tokens batch "
                      f"{tokens.shape[0]}")
+  if logits_at is not None and tuple(logits_at.shape) != tokens.shape[:1]:
+    raise ValueError(f"logits_at must be [N={tokens.shape[0]}], got shape "
+                     f"{tuple(logits_at.shape)}")
   model = nnx.merge(graphdef, params)
   return model(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache=cache,
-               segment_mask=None if segment_mask is None else segment_mask.astype(jnp.bool_))
+               segment_mask=None if segment_mask is None else segment_mask.astype(jnp.bool_),
+               logits_at=None if logits_at is None else logits_at.astype(jnp.int32))
 
 
 def sequence_logprobs(
