@@ -12,9 +12,9 @@ One checkpoint holds everything a run needs to continue as if it had never stopp
 Multi-process runs: every process calls `save` and `restore` at the same step. The learner state
 is one set of global arrays, written shard by shard by the processes that hold them (Orbax
 multi-host saving). Host state is per process (each process has its own replay, in-flight
-episodes and data position): each process's host arrays and meta are encoded into one byte row,
-and the rows form a global `[process_count, width]` uint8 array sharded one row per process,
-so that each process writes and reads back only its own row. The JSON `meta` item holds process
+episodes and data position): each process's host arrays and meta are one uint8 row of a global
+`[process_count, width]` array (`checkpoint_host_rows`), so that each process writes and reads
+back only its own row. The JSON `meta` item holds process
 0's meta (for inspection) and the process count; a checkpoint restores only into a run with the
 same number of processes.
 
@@ -48,8 +48,6 @@ naming the missing, extra and reshaped paths, before anything is read or moved. 
 """
 
 import datetime
-import io
-import json
 import os
 from typing import Any, Optional, Sequence
 
@@ -60,6 +58,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from agentic_grpo import checkpoint_host_rows as host_rows
 from agentic_grpo import checkpoint_integrity as integrity
 from agentic_grpo import checkpoint_layout as layout
 
@@ -70,7 +69,6 @@ _FORMAT_KEY = "_format/version"
 _FORMAT_VERSION = 1
 # Meta keys the checkpointer writes itself.
 _RESERVED_META = ("host_shapes", "process_count", "host_blob_width")
-_META_ENTRY = "_meta"  # the per-process meta inside a process's host row
 
 
 class CheckpointIntegrityError(RuntimeError):
@@ -89,35 +87,6 @@ def _from_process_0(value: int) -> int:
   if jax.process_count() == 1:
     return value
   return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
-
-
-def _process_row_sharding() -> jax.sharding.NamedSharding:
-  """`[process_count, ...]` arrays with row `p` on (all of) process `p`'s devices."""
-  count = jax.process_count()
-  devices = [[d for d in jax.devices() if d.process_index == p] for p in range(count)]
-  if len({len(d) for d in devices}) != 1:
-    raise ValueError(f"processes hold different numbers of devices "
-                     f"{[len(d) for d in devices]}; per-process host state needs equal counts")
-  mesh = jax.sharding.Mesh(np.array(devices), ("process", "device"))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("process"))
-
-
-def _encode_row(flat: dict[str, np.ndarray], meta: dict[str, Any]) -> np.ndarray:
-  """One process's host arrays and meta as bytes: 8-byte length, then an `.npz`."""
-  buf = io.BytesIO()
-  entries = dict(flat)
-  entries[_META_ENTRY] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-  np.savez(buf, **entries)
-  body = np.frombuffer(buf.getvalue(), np.uint8)
-  return np.concatenate([np.frombuffer(np.uint64(body.size).tobytes(), np.uint8), body])
-
-
-def _decode_row(row: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  size = int(np.frombuffer(row[:8].tobytes(), np.uint64)[0])
-  with np.load(io.BytesIO(row[8:8 + size].tobytes()), allow_pickle=False) as npz:
-    flat = {k: np.asarray(npz[k]) for k in npz.files}
-  meta = json.loads(flat.pop(_META_ENTRY).tobytes().decode())
-  return flat, meta
 
 
 def _pad(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -225,13 +194,7 @@ class Checkpointer:
                            f"{np.shape(v)}")
     flat = _flatten_host(host)
     flat[_FORMAT_KEY] = np.array([_FORMAT_VERSION], np.int32)
-    row = _encode_row(flat, meta)
-    sizes = np.asarray(multihost_utils.process_allgather(np.int64(row.size)))
-    width = 1 << max(10, int(sizes.max() - 1).bit_length())
-    padded = np.zeros((1, width), np.uint8)
-    padded[0, :row.size] = row
-    rows = jax.make_array_from_process_local_data(_process_row_sharding(), padded,
-                                                  (jax.process_count(), width))
+    rows, width = host_rows.global_rows(host_rows.encode_row(flat, meta))
     shared = dict(meta, process_count=jax.process_count(), host_blob_width=width)
     self._manager.save(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -398,14 +361,11 @@ class Checkpointer:
       logging.warning("checkpoint %d in %s (an earlier layout): %s", step, self.directory, note)
     abstract = fit.item
     if written_by > 1:
-      sharding = _process_row_sharding()
-      rows = jax.ShapeDtypeStruct((written_by, int(meta["host_blob_width"])), np.uint8,
-                                  sharding=sharding)
+      rows = host_rows.abstract_rows(written_by, int(meta["host_blob_width"]))
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract),
           host_rows=ocp.args.StandardRestore({"rows": rows})))
-      row = np.asarray(restored.host_rows["rows"].addressable_shards[0].data)[0]
-      flat, own_meta = _decode_row(row)
+      flat, own_meta = host_rows.decode_row(host_rows.own_row(restored.host_rows["rows"]))
       flat.pop(_FORMAT_KEY)
       return fit.assemble(restored.state), _unflatten_host(flat), own_meta
     shapes = meta.pop("host_shapes")

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from agentic_grpo import checkpointing
+from agentic_grpo import checkpoint_host_rows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LIMIT_S = 300  # per launch and process; the test waits a minute longer before killing
@@ -164,7 +164,7 @@ class MultihostTest(absltest.TestCase):
     meta = json.loads((ckpts / "3" / "meta" / "metadata").read_text())
     self.assertEqual(meta["process_count"], 2)
     rows = np.asarray(_restore(ckpts / "3" / "host_rows")["rows"])
-    own = [checkpointing._decode_row(r) for r in rows]
+    own = [checkpoint_host_rows.decode_row(r) for r in rows]
     self.assertEqual([m["step"] for _, m in own], [3, 3])
     for p, (host, m) in enumerate(own):
       self.assertGreater(m["data_position"], 0)
