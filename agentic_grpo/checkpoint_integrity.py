@@ -5,19 +5,24 @@ dies while saving, but nothing checks the bytes afterwards: a flipped byte in a 
 without complaint (and the next loss is NaN), and a truncated file fails deep inside
 TensorStore with a message that points elsewhere. `write_manifest` records every file of a
 committed checkpoint step directory in `integrity.json` inside it, written last (to a temporary
-name, then renamed), and `verify` checks a step directory against it.
+name, then moved over any earlier manifest), and `verify` checks a step directory against it.
 
 A step directory without a manifest is *not* intact: it may be a save whose process died between
 Orbax's commit and the manifest, or a checkpoint written before manifests existed. An old
 checkpoint that is known to be good can be adopted explicitly with `write_manifest` (see
-`Checkpointer.adopt`).
+`Checkpointer.adopt`). A damaged step directory is moved out of the way with `set_aside`, which
+never overwrites what was set aside before.
 
 Paths are `etils.epath` paths, so local, NFS and `gs://` directories work alike (a `gs://`
-manifest costs one read of every file at restore).
+manifest costs one read of every file at restore). Where a path is moved, the overwrite
+semantics are chosen explicitly: epath's `rename` refuses an existing target on every backend,
+its `replace` overwrites one (`os.replace` locally, an overwriting rename on `gs://`).
 """
 
 import dataclasses
+import errno
 import hashlib
+import itertools
 import json
 from typing import Optional
 
@@ -72,8 +77,9 @@ def write_manifest(step_dir: epath.PathLike) -> dict[str, dict[str, object]]:
   """Hashes every file of the committed `step_dir` and writes `integrity.json` into it.
 
   Call it once the save is finalised (every process's files written and committed). The
-  manifest goes to a temporary name first and is renamed, so a reader sees the whole manifest
-  or none.
+  manifest goes to a temporary name first and then replaces any manifest already there (a
+  checkpoint adopted again, or one whose manifest is stale or unreadable), so a reader sees a
+  whole manifest, the old or the new, never part of one.
 
   Returns:
     `{relative path: {"sha256": hex digest, "bytes": size}}`.
@@ -85,7 +91,9 @@ def write_manifest(step_dir: epath.PathLike) -> dict[str, dict[str, object]]:
     files[rel] = {"sha256": digest, "bytes": size}
   tmp = step_dir / f"{MANIFEST}.tmp"
   tmp.write_text(json.dumps({"version": _VERSION, "files": files}, indent=1, sort_keys=True))
-  tmp.rename(step_dir / MANIFEST)
+  # `replace`, not `rename`: epath's rename refuses an existing target on every backend
+  # (unlike POSIX rename); replace is os.replace locally, an overwriting rename on gs://.
+  tmp.replace(step_dir / MANIFEST)
   return files
 
 
@@ -122,6 +130,44 @@ def verify(step_dir: epath.PathLike) -> list[Problem]:
   for rel in sorted(present - set(listed)):
     problems.append(Problem(rel, "not in the manifest"))
   return problems
+
+
+def set_aside(step_dir: epath.PathLike, aside: epath.PathLike, *, stamp: str) -> epath.Path:
+  """Moves the (damaged) `step_dir` into the directory `aside` under a free name; never
+  overwrites.
+
+  The name is the step directory's own, else `<name>-<stamp>`, else `<name>-<stamp>-<k>` for
+  the first free `k` (the same step set aside again with the same stamp). `aside` is created
+  if missing.
+
+  Args:
+    step_dir: the step directory to move.
+    aside: where damaged step directories are kept (e.g. `<checkpoints>-damaged`).
+    stamp: a time stamp for names already taken (e.g. `20250101-120000`).
+
+  Returns:
+    Where the step directory now is.
+
+  Raises:
+    FileExistsError: the chosen name was taken between the check and the move (another
+      writer in `aside`); it names both paths, and `step_dir` is left where it was.
+  """
+  step_dir, aside = epath.Path(step_dir), epath.Path(aside)
+  aside.mkdir(parents=True, exist_ok=True)
+  name = step_dir.name
+  names = itertools.chain([name, f"{name}-{stamp}"],
+                          (f"{name}-{stamp}-{k}" for k in itertools.count(1)))
+  target = next(aside / n for n in names if not (aside / n).exists())
+  try:
+    # `rename`, not `replace`: nothing already set aside is overwritten. epath's rename refuses
+    # an existing target locally and on gs://; POSIX rename(2) would replace an empty directory.
+    step_dir.rename(target)
+  except OSError as e:
+    if not isinstance(e, FileExistsError) and e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+      raise
+    raise FileExistsError(f"cannot set aside damaged checkpoint {step_dir}: {target} was "
+                          f"created meanwhile (another writer in {aside}?)") from e
+  return target
 
 
 def describe(step: int, problems: list[Problem], limit: Optional[int] = 5) -> str:

@@ -218,7 +218,11 @@ class Checkpointer:
     """Writes the integrity manifest of checkpoint `step` as it is now.
 
     For a checkpoint known to be good that has no manifest (written before manifests
-    existed): afterwards it restores like any other. Every process must call it.
+    existed) or whose manifest is stale: an existing manifest is replaced, atomically.
+    Afterwards it restores like any other. Every process must call it.
+
+    Raises:
+      FileNotFoundError: there is no checkpoint `step`.
     """
     if int(step) not in self.all_steps():
       raise FileNotFoundError(f"no checkpoint {step} in {self.directory}")
@@ -289,14 +293,10 @@ class Checkpointer:
     if not newer:
       return
     if jax.process_index() == 0:
-      stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
       aside = epath.Path(str(self.directory).rstrip("/") + "-damaged")
-      aside.mkdir(parents=True, exist_ok=True)
+      stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
       for s in newer:
-        target = aside / str(s)
-        if target.exists():
-          target = aside / f"{s}-{stamp}"
-        self._step_dir(s).rename(target)
+        target = integrity.set_aside(self._step_dir(s), aside, stamp=stamp)
         logging.warning("moved damaged checkpoint %d to %s", s, target)
     _sync(f"checkpoint_set_aside_{step}")
     for s in newer:

@@ -315,6 +315,64 @@ class IntegrityTest(parameterized.TestCase):
     state, _, _ = ck.restore(None, _state(0.0))
     np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
 
+  @parameterized.named_parameters(("intact", None), ("unreadable", "{not json"),
+                                  ("stale", '{"version": 1, "files": {}}'))
+  def test_adopt_replaces_an_existing_manifest(self, manifest_text):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1])
+    step_dir = pathlib.Path(directory) / "1"
+    manifest = step_dir / checkpoint_integrity.MANIFEST
+    written = manifest.read_text()
+    if manifest_text is not None:
+      manifest.write_text(manifest_text)
+    ck = checkpointing.Checkpointer(directory)
+    self.assertEqual(ck.problems(1) == [], manifest_text is None)
+    ck.adopt(1)
+    self.assertEqual(json.loads(manifest.read_text()), json.loads(written))
+    self.assertFalse((step_dir / (checkpoint_integrity.MANIFEST + ".tmp")).exists())
+    self.assertEqual(ck.problems(1), [])
+    state, _, _ = ck.restore(None, _state(0.0))
+    np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
+
+  def test_damaged_again_is_set_aside_beside_the_first(self):
+    directory = self.create_tempdir().full_path
+    self._save(directory, [1, 2])
+    for value in (2.0, 3.0):
+      _flip(pathlib.Path(directory) / "2")
+      ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+      state, _, _ = ck.restore(None, _state(0.0))
+      np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
+      ck.save(2, _state(value), {}, {"step": 2})
+    aside = pathlib.Path(directory + "-damaged")
+    first, second = sorted(aside.iterdir(), key=lambda p: len(p.name))
+    self.assertEqual(first.name, "2")
+    self.assertRegex(second.name, r"^2-\d{8}-\d{6}$")
+    for moved in (first, second):  # each still a whole (damaged) checkpoint
+      self.assertTrue((moved / checkpoint_integrity.MANIFEST).is_file())
+      self.assertNotEmpty(checkpoint_integrity.verify(moved))
+
+  def test_set_aside_never_overwrites(self):
+    root = pathlib.Path(self.create_tempdir().full_path)
+    aside = root / "aside"
+    moved = []
+    for k in range(3):
+      (root / "7").mkdir()
+      (root / "7" / "marker").write_text(str(k))
+      moved.append(checkpoint_integrity.set_aside(root / "7", aside, stamp="T"))
+    self.assertEqual([p.name for p in moved], ["7", "7-T", "7-T-1"])
+    self.assertEqual([(aside / p.name / "marker").read_text() for p in moved], ["0", "1", "2"])
+    self.assertFalse((root / "7").exists())
+
+  def test_set_aside_names_a_target_taken_meanwhile(self):
+    root = pathlib.Path(self.create_tempdir().full_path)
+    (root / "7").mkdir()
+    path_type = type(checkpointing.epath.Path(root))
+    with mock.patch.object(path_type, "rename", side_effect=FileExistsError("taken")):
+      with self.assertRaisesRegex(FileExistsError, f"{root / '7'}: {root / 'aside' / '7'} was "
+                                                   "created meanwhile"):
+        checkpoint_integrity.set_aside(root / "7", root / "aside", stamp="T")
+    self.assertTrue((root / "7").is_dir())
+
   def test_every_process_restores_process_0s_choice(self):
     # Process 1 of 2: it does not verify and takes the step process 0 broadcast (1), even
     # though its own newest checkpoint is 2.
