@@ -15,6 +15,7 @@ temporary name and renamed when complete, so a crash leaves no half
 checkpoint under `out_dir`.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -128,10 +129,14 @@ def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, 
     `out_dir`.
 
   Raises:
-    ValueError: `out_dir` exists and is not empty; `params` do not have the
+    ValueError: `out_dir` exists and is not an empty directory; `params` do not have the
       structure of `config`; a config no Hugging Face family expresses (see
       `hf_config.hf_config_from_model`).
+    FileExistsError: `out_dir` was written to by someone else while exporting (nothing is
+      overwritten; the finished export is left in `<out_dir>.partial`).
   """
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise ValueError(f"export directory {out_dir!r} exists and is not a directory")
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise ValueError(f"export directory {out_dir!r} exists and is not empty")
   base = hf_config.read_config(source_dir) if source_dir else None
@@ -153,12 +158,28 @@ def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, 
     if not copied and generation is not None:
       with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
         json.dump(generation, f, indent=2)
-    if os.path.isdir(out_dir):
-      os.rmdir(out_dir)
-    os.replace(tmp, out_dir)
+    _move_into_place(tmp, out_dir)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(f"export_hf:{out_dir}")
   return out_dir
+
+
+def _move_into_place(tmp: str, out_dir: str) -> None:
+  """Renames the finished `tmp` to `out_dir`, atomically; never overwrites an export.
+
+  POSIX `rename` replaces an absent or empty `out_dir` and refuses any other.
+
+  Raises:
+    FileExistsError: `out_dir` was written to while exporting; it names `out_dir` and `tmp`
+      (which keeps the finished export).
+  """
+  try:
+    os.replace(tmp, out_dir)
+  except OSError as e:
+    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+      raise
+    raise FileExistsError(f"export directory {out_dir!r} was written to while exporting; it "
+                          f"is left as it is and the finished export is in {tmp!r}") from e
 
 
 def _copy_tokenizer(source_dir: str, tmp: str) -> bool:
