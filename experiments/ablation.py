@@ -155,8 +155,10 @@ def _seed_from(warm: str, wd: str) -> None:
     return  # a run in progress: it resumes from its own checkpoint
   os.makedirs(wd, exist_ok=True)
   shutil.copy(os.path.join(warm, "metrics.jsonl"), os.path.join(wd, "metrics.jsonl"))
-  shutil.copytree(os.path.join(warm, "checkpoints"), os.path.join(wd, "checkpoints.tmp"))
-  os.replace(os.path.join(wd, "checkpoints.tmp"), os.path.join(wd, "checkpoints"))
+  tmp = os.path.join(wd, "checkpoints.tmp")
+  shutil.rmtree(tmp, ignore_errors=True)  # a copy a killed seeding left half done
+  shutil.copytree(os.path.join(warm, "checkpoints"), tmp)
+  os.rename(tmp, os.path.join(wd, "checkpoints"))  # absent (checked above): nothing overwritten
 
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,

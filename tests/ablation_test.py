@@ -1,4 +1,5 @@
-"""End-to-end test of the quick ablation: every arm on both tasks runs and is reported."""
+"""Tests of experiments/ablation: arm configs, seeding an arm from the warm-start, and the quick
+ablation end to end (every arm on both tasks runs and is reported)."""
 
 import os
 import tempfile
@@ -30,6 +31,20 @@ class AblationTest(absltest.TestCase):
       self.assertGreater(first["rl"]["episode_budget"], 0)
     with self.assertRaisesRegex(ValueError, "arm"):
       ablation.arm_config("default", "oracle", 0)
+
+  def test_seeding_replaces_a_half_copy_left_by_a_killed_seeding(self):
+    root = self.create_tempdir().full_path
+    warm, wd = os.path.join(root, "warm"), os.path.join(root, "arm")
+    os.makedirs(os.path.join(warm, "checkpoints", "3"))
+    for name, text in (("metrics.jsonl", "{}\n"), (os.path.join("checkpoints", "3", "x"), "3")):
+      with open(os.path.join(warm, name), "w") as f:
+        f.write(text)
+    os.makedirs(os.path.join(wd, "checkpoints.tmp", "1"))  # the killed copy
+    ablation._seed_from(warm, wd)
+    self.assertEqual(sorted(os.listdir(wd)), ["checkpoints", "metrics.jsonl"])
+    self.assertEqual(os.listdir(os.path.join(wd, "checkpoints")), ["3"])
+    with open(os.path.join(wd, "checkpoints", "3", "x")) as f:
+      self.assertEqual(f.read(), "3")
 
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
