@@ -60,6 +60,7 @@ MAY_CHANGE = frozenset({
     "rl.num_steps",  # the run's length (and the cosine schedule's)
     "rl.episode_budget",  # the run's length in episodes
     "rl.micro_batches",  # the same update, accumulated in other slices
+    "model.attention_chunk",  # the same attention, computed in query chunks
     "rl.max_idle_batches", "rl.max_skipped_updates",
     "optim.max_consecutive_nonfinite",
     "eval.every", "eval.num_samples", "eval.k", "eval.temperature",
