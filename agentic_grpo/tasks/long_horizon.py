@@ -304,21 +304,16 @@ class LongHorizonTasks:
   def _inputs(self, rng: random.Random, in_type: str, length: tuple[int, int], n: int
               ) -> Optional[list[Any]]:
     c = self.config
-    out, seen = [], set()
-    for _ in range(50 * n):
+
+    def draw():
       m = rng.randint(*length)
       if in_type == synthetic.LIST:
-        x = [rng.randint(0, c.max_int) for _ in range(m)]
-      elif in_type == synthetic.STR:
-        x = "".join(rng.choice(c.alphabet) for _ in range(m))
-      else:
-        x = rng.randint(0, 3 * c.max_int)
-      if repr(x) not in seen:
-        seen.add(repr(x))
-        out.append(x)
-        if len(out) == n:
-          return out
-    return None
+        return [rng.randint(0, c.max_int) for _ in range(m)]
+      if in_type == synthetic.STR:
+        return "".join(rng.choice(c.alphabet) for _ in range(m))
+      return rng.randint(0, 3 * c.max_int)
+
+    return synthetic.distinct(draw, n)
 
   def _build(self, split, index, program, rows, hidden) -> task_lib.Task:
     hidden_tests = tuple(task_lib.Example((x,), program(x)) for x in hidden)

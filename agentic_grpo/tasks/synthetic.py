@@ -526,15 +526,7 @@ class SyntheticTasks:
     return "".join(rng.choice(self.config.alphabet) for _ in range(n))
 
   def _distinct_inputs(self, rng, in_type, lo, hi, n, exclude=()) -> Optional[list[Any]]:
-    out, seen = [], {repr(x) for x in exclude}
-    for _ in range(50 * n):
-      x = self._input(rng, in_type, lo, hi)
-      if repr(x) not in seen:
-        seen.add(repr(x))
-        out.append(x)
-        if len(out) == n:
-          return out
-    return None
+    return distinct(lambda: self._input(rng, in_type, lo, hi), n, exclude)
 
   def _draw(self, rng: random.Random, program: Program, want_ambiguous: bool):
     """(public, hidden, probe) inputs for `program`, or None (degenerate, or no public inputs of
@@ -628,3 +620,20 @@ class SyntheticTasks:
         source="synthetic",
         metadata={"program": program.key, "split": split},
     )
+
+
+def distinct(draw: Callable[[], Any], n: int, exclude: Sequence[Any] = ()) -> Optional[list[Any]]:
+  """`n` values of `draw()` with distinct `repr`s, none equal (by `repr`) to one in `exclude`.
+
+  Calls `draw` at most `50 * n` times, in order (so a seeded `draw` gives the same values every
+  time); returns None if that does not yield `n` distinct values.
+  """
+  out, seen = [], {repr(x) for x in exclude}
+  for _ in range(50 * n):
+    x = draw()
+    if repr(x) not in seen:
+      seen.add(repr(x))
+      out.append(x)
+      if len(out) == n:
+        return out
+  return None
