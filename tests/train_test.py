@@ -10,6 +10,7 @@ import signal
 import struct
 from unittest import mock
 
+from absl import logging as absl_logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -261,8 +262,12 @@ class TrainTest(parameterized.TestCase):
     # in an earlier version's layout (no `master` node, no metric counters in the meta).
     for stops, earlier in (((1, 5), False), ((3,), False), ((5,), True)):
       parts = self.create_tempdir().full_path
+      resumed_logs = []
       for stop in stops:
-        result = train.run(cfg, parts, pool=self.pool, stop_after=stop)
+        with self.assertLogs(level="WARNING") as logs:
+          absl_logging.warning("resuming")
+          result = train.run(cfg, parts, pool=self.pool, stop_after=stop)
+        resumed_logs += logs.output
         self.assertEqual(result["step"], stop)
         meta = self._final(parts, cfg)[2]
         if meta["phase"] == "rl":
@@ -277,9 +282,15 @@ class TrainTest(parameterized.TestCase):
           train.run(cfg, parts, pool=self.pool)
         self.assertTrue(any("meta lacks 'counters'" in line for line in logs.output))
       else:
-        train.run(cfg, parts, pool=self.pool)
+        with self.assertLogs(level="WARNING") as logs:
+          absl_logging.warning("resuming")
+          train.run(cfg, parts, pool=self.pool)
+        resumed_logs += logs.output
       got = self._final(parts, cfg)
       self._assert_same(want, got, stops)
+      # A checkpoint of this version (mid-warm-start included, which has no RL-phase state)
+      # restores without a record filled in as if written by an earlier version.
+      self.assertEqual([line for line in resumed_logs if " lacks " in line], [])
       # The warm-start's per-task results survive the restart: the paired gain is reported.
       self.assertEqual(_rows(parts)[-1]["eval/pass_at_1_gain"], _rows(full)[-1]["eval/pass_at_1_gain"])
     self.assertEqual(want[2]["step"], total)

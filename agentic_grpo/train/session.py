@@ -149,7 +149,8 @@ class Session:
     """Writes a checkpoint at the current global step."""
     meta = {"phase": self.phase, "step": self.step, "counters": dict(self.counters),
             "warmstart_passed": (None if self.warm_passed is None
-                                 else [int(v) for v in self.warm_passed])}
+                                 else [int(v) for v in self.warm_passed]),
+            "rl_phase": None}  # every record of _META_DEFAULTS, in either phase
     host = {}
     if self.phase == "rl":
       host["replay"], meta["replay"] = self.replay.state_dict()
