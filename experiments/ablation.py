@@ -202,6 +202,9 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
 def main(argv: Sequence[str]) -> None:
   del argv
   bad = sorted(set(_TASKS.value) - set(TASKS)) + sorted(set(_ARMS.value) - set(ARMS))
+  if not _TASKS.value or not _ARMS.value:
+    raise app.UsageError(f"--tasks and --arms must name at least one each; tasks: {TASKS}, "
+                         f"arms: {tuple(ARMS)}")
   if bad:
     raise app.UsageError(f"unknown tasks or arms {bad}; tasks: {TASKS}, arms: {tuple(ARMS)}")
   seeds = range(1 if _QUICK.value else _SEEDS.value)

@@ -11,6 +11,8 @@ Everything is read from each run's `metrics.jsonl`:
   (`loss/clip_fraction`), KL to the behaviour policy (`loss/approx_kl`), means over updates;
 * sign reversals: the share of provisional stage advantages whose target advantage has the
   other sign (`replay/total_sign_reversals / replay/total_provisional_items`; 0 items: n/a);
+* second table: RL updates, and the held-out stage pass rate (the mean over stages of
+  `eval/reward/<stage>`, greedy) at the warm-start and at the end, with its paired gain;
 * learner idle fraction: the share of the RL loop's wall-clock spent in the agent loop
   (sampling, waiting for the sandbox) rather than dispatching updates
   (`loop/learner_idle_fraction`, mean over log intervals).
@@ -58,6 +60,9 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
   return {
       "curve": curve,
       "final": curve[-1][2],
+      "updates": len(upd),
+      "stage_warm": _stage_rate(warm[-1][0]) if warm else math.nan,
+      "stage_final": _stage_rate(rl[-1][0]),
       "grad_norm_var": float(np.var(col("loss/grad_norm"))) if col("loss/grad_norm") else math.nan,
       "clip_fraction": _mean(col("loss/clip_fraction")),
       "kl": _mean(col("loss/approx_kl")),
@@ -65,6 +70,12 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
       "sign_reversal_share": (float(last_rl.get("replay/total_sign_reversals", 0.0)) / items
                               if items else math.nan),
   }
+
+
+def _stage_rate(row: dict[str, Any]) -> float:
+  """Mean held-out stage reward of one evaluation row (`eval/reward/<stage>`), nan if none."""
+  xs = [float(v) for k, v in row.items() if k.startswith("eval/reward/")]
+  return float(np.mean(xs)) if xs else math.nan
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -125,6 +136,26 @@ def table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> li
   return out
 
 
+def stage_table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> list[str]:
+  """Markdown lines of the second table of a task: RL updates and the held-out stage checks
+  (the mean over stages of the greedy stage reward), before and after RL, paired by seed."""
+  out = ["| arm | RL updates (mean) | stage pass rate: warm-start → end | gain vs outcome "
+         "(paired by seed) |", "|---|---|---|---|"]
+  base = runs.get(OUTCOME, {})
+  for arm in arms:
+    rs = runs.get(arm, {})
+    if not rs:
+      out.append(f"| {arm} | n/a | n/a | n/a |")
+      continue
+    gains = [r["stage_final"] - base[s]["stage_final"] for s, r in rs.items() if s in base]
+    out.append(" | ".join([
+        f"| {arm}", f"{_mean([r['updates'] for r in rs.values()]):.0f}",
+        f"{_fmt(_mean([r['stage_warm'] for r in rs.values()]))} → "
+        f"{_mean_se([r['stage_final'] for r in rs.values()])}",
+        "—" if arm == OUTCOME else _signed_mean_se(gains)]) + " |")
+  return out
+
+
 def plot(all_runs: dict[str, dict[str, dict[int, dict[str, Any]]]], arms: Sequence[str],
          path: str) -> None:
   """`curves.png`: per task, pass@1 against episodes and against RL seconds (seed band)."""
@@ -132,6 +163,8 @@ def plot(all_runs: dict[str, dict[str, dict[int, dict[str, Any]]]], arms: Sequen
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   tasks = list(all_runs)
+  if not tasks:
+    return  # nothing to plot (and no empty figure left behind)
   fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.8 * len(tasks)), squeeze=False)
   for row, task in enumerate(tasks):
     for col, (xi, label) in enumerate(((0, "training episodes"), (1, "RL seconds"))):
@@ -169,7 +202,10 @@ def write(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[
            "Held-out greedy pass@1 (all hidden tests), equal training episodes per run. "
            "Columns: see `experiments/ablation_report.py`.", ""]
   for task in tasks:
-    lines += [f"## {task}", ""] + table(all_runs[task], arms) + [""]
+    lines += [f"## {task}", ""] + table(all_runs[task], arms) + [""] + [
+        "Updates and held-out stage checks (mean greedy stage reward over the stages; for "
+        "long_horizon, the share of pieces that pass their own examples):", ""] + stage_table(
+            all_runs[task], arms) + [""]
   text = "\n".join(lines)
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "results.md"), "w") as f:

@@ -67,7 +67,9 @@ class AblationTest(absltest.TestCase):
       self.assertLen(set(starts.values()), 1)
       self.assertEqual(starts[arms[0]][:2], (0.0, 0.0))
     for arm in arms:
-      self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 2)
+      # Two tables per task: the results, then updates and stage checks.
+      self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 4)
+    self.assertEqual(text.count("| arm | RL updates (mean) | stage pass rate"), len(tasks))
     self.assertTrue(os.path.exists(os.path.join(root, "results.md")))
     self.assertGreater(os.path.getsize(os.path.join(root, "curves.png")), 1000)
     # A second pass finds every run finished.
