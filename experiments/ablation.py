@@ -186,6 +186,8 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
       warm = _warm_start(train, root, task, 0 if shared_warmstart else seed, options)
       for arm in todo:
         wd = workdir(root, task, arm, seed)
+        if os.path.exists(os.path.join(wd, DONE)):
+          continue  # finished meanwhile by another invocation on the same root
         _seed_from(warm, wd)
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:

@@ -3,10 +3,12 @@ ablation end to end (every arm on both tasks runs and is reported)."""
 
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import train
 from experiments import ablation
 from experiments import ablation_report
 
@@ -45,6 +47,28 @@ class AblationTest(absltest.TestCase):
     self.assertEqual(os.listdir(os.path.join(wd, "checkpoints")), ["3"])
     with open(os.path.join(wd, "checkpoints", "3", "x")) as f:
       self.assertEqual(f.read(), "3")
+
+  def test_an_arm_finished_meanwhile_by_another_invocation_is_not_run_again(self):
+    root = self.create_tempdir().full_path
+    other = ablation.workdir(root, "default", "outcome", 0)
+
+    def warm_start(train, root_, task, seed, options):
+      del train, root_, task, seed, options
+      os.makedirs(other)  # another invocation on the same root finishes `outcome` meanwhile
+      with open(os.path.join(other, ablation.DONE), "w") as f:
+        f.write("{}")
+      return os.path.join(root, "warm")
+
+    ran = []
+    fake_run = lambda cfg, wd: ran.append(wd) or {
+        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}
+    with mock.patch.object(ablation, "_warm_start", warm_start), \
+         mock.patch.object(ablation, "_seed_from", lambda warm, wd: os.makedirs(wd)), \
+         mock.patch.object(train, "run", fake_run):
+      got = ablation.run_all(root, ["default"], ["outcome", "agentic"], [0], quick=True)
+    want = [ablation.workdir(root, "default", "agentic", 0)]
+    self.assertEqual(ran, want)
+    self.assertEqual(got, want)
 
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
