@@ -23,7 +23,7 @@ GRPO consumes episodes faster per update than the staged arms. The learning rate
 (a cosine over `rl.num_steps` would decay at different rates per arm).
 
 Outputs in ROOT: `results.md` (per task and arm, from each run's `metrics.jsonl`) and
-`curves.png` (held-out pass@1 against training episodes and RL seconds, one line per arm, the
+`curves.png` (held-out pass@1 against episodes sampled and RL seconds, one line per arm, the
 band spanning the seeds).
 
     python -m experiments.ablation --root=ablation            # the full ablation (hours)
@@ -56,7 +56,7 @@ ARMS = {
     "agentic": dict(stage_rewards=True, correction=True, stage_credit="immediate"),
 }
 TASKS = ("long_horizon", "default")
-DONE = "done.json"
+DONE = ablation_report.DONE
 
 _ROOT = flags.DEFINE_string("root", "ablation", "Directory of the runs and the results.")
 _QUICK = flags.DEFINE_bool("quick", False, "Micro model and budgets: every arm in minutes.")

@@ -5,8 +5,10 @@ Everything is read from each run's `metrics.jsonl`:
 * final held-out pass@1: the run's last `eval/pass_at_1`; mean ± standard error over seeds;
 * gain against outcome GRPO: per seed, the arm's final pass@1 minus outcome GRPO's with the
   same seed (same warm-start, same held-out tasks), mean ± s.e. over seeds;
-* rollouts (training episodes, `loop/episodes`) and RL seconds until a held-out evaluation first
-  reaches outcome GRPO's final pass@1 (its mean over seeds), mean over the seeds that reach it;
+* rollouts (episodes sampled: tasks drawn, `loop/data_position`, times G; the stage arms
+  update on episodes still running, so completed episodes would undercount them) and RL
+  seconds until a held-out evaluation first reaches outcome GRPO's final pass@1 (its mean over
+  seeds), mean over the seeds that reach it;
 * gradient-norm variance (`loss/grad_norm` over the RL updates), clip fraction
   (`loss/clip_fraction`), KL to the behaviour policy (`loss/approx_kl`), means over updates;
 * sign reversals: the share of provisional stage advantages whose target advantage has the
@@ -17,6 +19,7 @@ Everything is read from each run's `metrics.jsonl`:
   (sampling, waiting for the sandbox) rather than dispatching updates
   (`loop/learner_idle_fraction`, mean over log intervals).
 
+Only finished runs (those with `done.json`) are reported: a partial curve would skew the means.
 RL seconds count from the end of the warm-start; `seconds` restarts when a run resumes, so the
 time of a resumed run is stitched from its segments.
 """
@@ -29,6 +32,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 OUTCOME = "outcome"
+DONE = "done.json"  # a finished run's marker (written by experiments/ablation.py)
 
 
 def load_run(path: str) -> Optional[dict[str, Any]]:
@@ -51,8 +55,9 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
   if not rl:
     return None
   t0 = warm[-1][1] if warm else 0.0
+  group = _group_size(path)
   curve = ([(0.0, 0.0, warm[-1][0]["eval/pass_at_1"])] if warm else []) + [
-      (float(r.get("loop/episodes", 0.0)), t - t0, float(r["eval/pass_at_1"])) for r, t in rl]
+      (_rollouts(r, group), t - t0, float(r["eval/pass_at_1"])) for r, t in rl]
   upd = [r for r in rows if r.get("phase") == "rl"]
   col = lambda k: [float(r[k]) for r in upd if k in r and math.isfinite(float(r[k]))]
   last_rl = upd[-1]
@@ -70,6 +75,23 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
       "sign_reversal_share": (float(last_rl.get("replay/total_sign_reversals", 0.0)) / items
                               if items else math.nan),
   }
+
+
+def _group_size(path: str) -> Optional[int]:
+  """`rl.group_size` of the run's `config.json`, or None without one."""
+  try:
+    with open(os.path.join(path, "config.json")) as f:
+      return int(json.load(f)["rl"]["group_size"])
+  except (OSError, KeyError, ValueError):
+    return None
+
+
+def _rollouts(row: dict[str, Any], group: Optional[int]) -> float:
+  """Episodes sampled by this row: tasks drawn (`loop/data_position`) x G. Completed episodes
+  (`loop/episodes`) would undercount the stage arms, which update on episodes still running."""
+  if group is not None and "loop/data_position" in row:
+    return float(row["loop/data_position"]) * group
+  return float(row.get("loop/episodes", 0.0))
 
 
 def _stage_rate(row: dict[str, Any]) -> float:
@@ -167,7 +189,7 @@ def plot(all_runs: dict[str, dict[str, dict[int, dict[str, Any]]]], arms: Sequen
     return  # nothing to plot (and no empty figure left behind)
   fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.8 * len(tasks)), squeeze=False)
   for row, task in enumerate(tasks):
-    for col, (xi, label) in enumerate(((0, "training episodes"), (1, "RL seconds"))):
+    for col, (xi, label) in enumerate(((0, "episodes sampled"), (1, "RL seconds"))):
       ax = axes[row][col]
       for arm in arms:
         curves = [r["curve"] for r in all_runs[task].get(arm, {}).values()]
@@ -194,7 +216,10 @@ def write(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[
     all_runs[task] = {}
     for arm in arms:
       for seed in seeds:
-        r = load_run(os.path.join(root, task, arm, f"seed{seed}"))
+        run_dir = os.path.join(root, task, arm, f"seed{seed}")
+        if not os.path.exists(os.path.join(run_dir, DONE)):
+          continue  # not finished: a partial curve would skew the means
+        r = load_run(run_dir)
         if r is not None:
           all_runs[task].setdefault(arm, {})[seed] = r
   lines = ["# Ablation: outcome GRPO, post-hoc stage credit, Agentic GRPO without and with "

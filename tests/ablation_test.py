@@ -1,6 +1,7 @@
 """Tests of experiments/ablation: arm configs, seeding an arm from the warm-start, and the quick
 ablation end to end (every arm on both tasks runs and is reported)."""
 
+import json
 import os
 import tempfile
 from unittest import mock
@@ -69,6 +70,32 @@ class AblationTest(absltest.TestCase):
     want = [ablation.workdir(root, "default", "agentic", 0)]
     self.assertEqual(ran, want)
     self.assertEqual(got, want)
+
+  def test_report_counts_sampled_episodes_and_only_finished_runs(self):
+    root = self.create_tempdir().full_path
+    rows = [{"step": 3, "phase": "warmstart", "seconds": 5.0, "eval/pass_at_1": 0.25},
+            # The first RL evaluation comes before any episode has finished: the stage arms
+            # already updated on 2 batches of 4 tasks x G = 8 sampled episodes.
+            {"step": 4, "phase": "rl", "seconds": 1.0, "loop/data_position": 8.0,
+             "eval/pass_at_1": 0.5},
+            {"step": 5, "phase": "rl", "seconds": 2.0, "loop/data_position": 12.0,
+             "loop/episodes": 32.0, "eval/pass_at_1": 0.75}]
+    for arm, done in (("outcome", True), ("agentic", True), ("post_hoc", False)):
+      wd = ablation.workdir(root, "default", arm, 0)
+      os.makedirs(wd)
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+      with open(os.path.join(wd, "config.json"), "w") as f:
+        json.dump({"rl": {"group_size": 8}}, f)
+      if done:
+        with open(os.path.join(wd, ablation.DONE), "w") as f:
+          f.write("{}")
+    run = ablation_report.load_run(ablation.workdir(root, "default", "agentic", 0))
+    self.assertEqual([(e, p) for e, _, p in run["curve"]], [(0.0, 0.25), (64.0, 0.5),
+                                                           (96.0, 0.75)])
+    text = ablation_report.write(root, ["default"], ["outcome", "post_hoc", "agentic"], [0])
+    self.assertIn("| post_hoc | 0 | n/a", text)  # unfinished: left out
+    self.assertIn("| agentic | 1 | 0.750 |", text)
 
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
