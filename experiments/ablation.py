@@ -38,6 +38,7 @@ The full run of `docs/ablation.md` (2 shared CPU cores, a few hours; rerun it to
 import json
 import os
 import shutil
+import time
 from typing import Any, Sequence
 
 from absl import app
@@ -46,6 +47,7 @@ from absl import logging
 import ml_collections
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import run_lock
 from experiments import ablation_report
 from experiments import tiny_codegen
 
@@ -137,6 +139,9 @@ def _shrink(c: ml_collections.ConfigDict, task: str) -> None:
   del task
 
 
+_WAIT_S = 30.0  # between looks at a warm-start another invocation is training
+
+
 def workdir(root: str, task: str, arm: str, seed: int) -> str:
   return os.path.join(root, task, arm, f"seed{seed}")
 
@@ -144,10 +149,15 @@ def workdir(root: str, task: str, arm: str, seed: int) -> str:
 def _warm_start(train, root: str, task: str, seed: int, options: dict[str, Any]) -> str:
   """The shared warm-start of (task, seed): run (or resumed) to its end; returns its workdir."""
   wd = os.path.join(root, task, "warmstart", f"seed{seed}")
-  if not os.path.exists(os.path.join(wd, DONE)):
+  while not os.path.exists(os.path.join(wd, DONE)):
     cfg = config_lib.from_config_dict(arm_config(task, "outcome", seed, **options))
     logging.info("warm-start %s", wd)
-    train.run(cfg, wd, stop_after=cfg.warmstart.steps)
+    try:
+      train.run(cfg, wd, stop_after=cfg.warmstart.steps)
+    except run_lock.WorkdirLockedError as e:  # another invocation trains it: wait for it
+      logging.info("waiting for the warm-start: %s", e)
+      time.sleep(_WAIT_S)
+      continue
     with open(os.path.join(wd, DONE), "w") as f:
       json.dump({"step": cfg.warmstart.steps}, f)
   return wd
@@ -172,6 +182,10 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
 
   With `shared_warmstart` every seed of a task starts from seed 0's warm-start
   (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
+
+  Several invocations may share `root` (e.g. one per core): each run holds its workdir's lock
+  (`run_lock`), an arm another invocation is running is skipped, and a warm-start another
+  invocation is training is waited for.
   """
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
@@ -188,12 +202,17 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
         wd = workdir(root, task, arm, seed)
         if os.path.exists(os.path.join(wd, DONE)):
           continue  # finished meanwhile by another invocation on the same root
-        _seed_from(warm, wd)
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
-        logging.info("running %s", wd)
-        out = train.run(config_lib.from_config_dict(cfg), wd)
+        try:
+          with run_lock.WorkdirLock(wd):  # never seed under a run in progress
+            _seed_from(warm, wd)
+          logging.info("running %s", wd)
+          out = train.run(config_lib.from_config_dict(cfg), wd)
+        except run_lock.WorkdirLockedError as e:  # another invocation runs this arm
+          logging.info("skipping %s: %s", wd, e)
+          continue
         with open(os.path.join(wd, DONE), "w") as f:
           json.dump({"step": out["step"], "final_pass_at_1": out["final_pass_at_1"],
                      "warmstart_pass_at_1": out["warmstart_pass_at_1"]}, f)

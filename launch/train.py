@@ -27,9 +27,7 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 from ml_collections import config_flags
-import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
@@ -70,18 +68,8 @@ def _flat(cfg: config_lib.TrainConfig) -> dict:
 
 
 def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
-  """`train.run` under the workdir lock (held by process 0; every process learns if it is
-  taken), with the refusals as one-line errors and their exit codes."""
-  lock = run_lock.WorkdirLock(workdir, enabled=jax.process_index() == 0)
-  try:
-    lock.acquire()
-    taken = None
-  except run_lock.WorkdirLockedError as e:
-    taken = str(e)
-  if jax.process_count() > 1 and not parallel.host_allgather(np.int64(taken is None)).all():
-    taken = taken or f"workdir {workdir} is in use by another run (see process 0)"
-  if taken:
-    common_flags.fail(exit_codes.WORKDIR_LOCKED, taken)
+  """`train.run` (which holds the workdir lock: `run_lock`), with the refusals as one-line
+  errors and their exit codes."""
   try:
     return train.run(cfg, workdir, stop_after=_STOP_AFTER.value)
   except config_drift.ConfigDriftError as e:
@@ -94,8 +82,8 @@ def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
     common_flags.fail(exit_codes.PREEMPTED, str(e))
   except train.NonFiniteUpdatesError as e:
     common_flags.fail(exit_codes.NO_PROGRESS, str(e))
-  finally:
-    lock.release()
+  except run_lock.WorkdirLockedError as e:
+    common_flags.fail(exit_codes.WORKDIR_LOCKED, str(e))
 
 
 def main(argv):

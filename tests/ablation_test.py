@@ -9,6 +9,7 @@ from unittest import mock
 from absl.testing import absltest
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import run_lock
 from agentic_grpo import train
 from experiments import ablation
 from experiments import ablation_report
@@ -64,12 +65,45 @@ class AblationTest(absltest.TestCase):
     fake_run = lambda cfg, wd: ran.append(wd) or {
         "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}
     with mock.patch.object(ablation, "_warm_start", warm_start), \
-         mock.patch.object(ablation, "_seed_from", lambda warm, wd: os.makedirs(wd)), \
+         mock.patch.object(ablation, "_seed_from", lambda warm, wd: os.makedirs(wd, exist_ok=True)), \
          mock.patch.object(train, "run", fake_run):
       got = ablation.run_all(root, ["default"], ["outcome", "agentic"], [0], quick=True)
     want = [ablation.workdir(root, "default", "agentic", 0)]
     self.assertEqual(ran, want)
     self.assertEqual(got, want)
+
+  def test_an_arm_another_invocation_is_running_is_skipped_untouched(self):
+    root = self.create_tempdir().full_path
+    busy = ablation.workdir(root, "default", "agentic", 0)
+    seeded, ran = [], []
+    fake_run = lambda cfg, wd: ran.append(wd) or {
+        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}
+    # flock locks belong to an open file: a second WorkdirLock conflicts even in one process.
+    with run_lock.WorkdirLock(busy), \
+         mock.patch.object(ablation, "_warm_start", lambda *a: os.path.join(root, "warm")), \
+         mock.patch.object(ablation, "_seed_from", lambda warm, wd: seeded.append(wd)), \
+         mock.patch.object(train, "run", fake_run):
+      got = ablation.run_all(root, ["default"], ["agentic", "outcome"], [0], quick=True)
+    want = [ablation.workdir(root, "default", "outcome", 0)]
+    self.assertEqual((seeded, ran, got), (want, want, want))
+    self.assertFalse(os.path.exists(os.path.join(busy, ablation.DONE)))
+
+  def test_a_warm_start_another_invocation_is_training_is_waited_for(self):
+    root = self.create_tempdir().full_path
+    calls = []
+
+    def fake_run(cfg, wd, stop_after=None):
+      del cfg, stop_after
+      calls.append(wd)
+      if len(calls) == 1:
+        raise run_lock.WorkdirLockedError(wd, {"host": "h", "pid": 1})
+      os.makedirs(wd)
+      return {"step": 1}
+
+    with mock.patch.object(ablation, "_WAIT_S", 0.0), mock.patch.object(train, "run", fake_run):
+      warm = ablation._warm_start(train, root, "default", 0, dict(quick=True))
+    self.assertEqual(calls, [warm, warm])
+    self.assertTrue(os.path.exists(os.path.join(warm, ablation.DONE)))
 
   def test_report_counts_sampled_episodes_and_only_finished_runs(self):
     root = self.create_tempdir().full_path

@@ -71,6 +71,15 @@ class RunLockTest(absltest.TestCase):
       self.assertEqual(holder["pid"], os.getpid())
       lock.release()
 
+  def test_train_run_refuses_a_workdir_held_by_another_process(self):
+    from agentic_grpo import train  # pylint: disable=g-import-not-at-top
+    from experiments import tiny_codegen  # pylint: disable=g-import-not-at-top
+    workdir = self.create_tempdir().full_path
+    child = self._locked_child(workdir)
+    with self.assertRaisesRegex(run_lock.WorkdirLockedError, f"pid {child.pid}"):
+      train.run(tiny_codegen.get_config(), workdir)
+    self.assertEqual(sorted(os.listdir(workdir)), [run_lock.LOCK_FILE])  # nothing written
+
   def test_released_on_exception(self):
     workdir = self.create_tempdir().full_path
     child = _start(workdir, "raise")

@@ -45,11 +45,13 @@ from typing import Any, Optional
 
 from absl import logging
 from etils import epath
+import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import parallel
+from agentic_grpo import run_lock
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import metrics as metrics_lib
 from agentic_grpo.train import preemption
@@ -85,9 +87,41 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
       depends on (`config_drift.FIXED`); the workdir's `config.json` is left as it was.
     preemption.Preempted: a SIGTERM / SIGINT stopped the run after a checkpoint.
     device.NonFiniteUpdatesError: `rl.max_skipped_updates` non-finite updates in a row.
+    run_lock.WorkdirLockedError: another live process (or this one) runs in `workdir` (its
+      holder named); nothing is written.
   """
   cfg = config if isinstance(config, config_lib.TrainConfig) else config_lib.from_config_dict(
       config)
+  lock = _lock_workdir(workdir)
+  try:
+    return _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard)
+  finally:
+    lock.release()
+
+
+def _lock_workdir(workdir: str) -> run_lock.WorkdirLock:
+  """One live run per workdir, whoever calls (the launcher, the ablation, a notebook): two
+  would interleave checkpoints and metrics. Process 0 takes the lock; every process learns
+  whether it got it, so all of them raise together.
+
+  Raises:
+    run_lock.WorkdirLockedError: another live process holds the workdir.
+  """
+  lock = run_lock.WorkdirLock(workdir, enabled=parallel.is_primary())
+  try:
+    lock.acquire()
+    taken = None
+  except run_lock.WorkdirLockedError as e:
+    taken = e
+  if not parallel.host_allgather(np.int64(taken is None)).all():
+    lock.release()
+    taken = taken or run_lock.WorkdirLockedError(workdir, {"host": "(see process 0)"})
+  if taken is not None:
+    raise taken
+  return lock
+
+
+def _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard):
   check_resume(cfg, workdir)
   own_pool = pool is None
   # The model source, tasks and prompt lengths are checked here, before any device memory is
