@@ -16,6 +16,7 @@ compilations, and the experiments' flags apart from the suite's.
 
 Usage:
   python -m benchmarks.run --only pipeline [--quick]
+  python -m benchmarks.pipeline read WORKDIR_OR_METRICS...    # runs that already finished
 """
 
 import collections
@@ -119,24 +120,48 @@ def run(quick: bool = False) -> dict:
   """Measures both tasks, prints the table, appends the results line; returns it."""
   load_before = report.load_average()
   got = {task: run_task(task, quick) for task in TASKS}
-  rows = []
-  for task, s in got.items():
-    rows.append([task, "all", f"{s['wall_s']:.0f}", _pct(s["learner_busy"]),
-                 _pct(s["sampler_busy"]), _pct(s["sandbox_busy"]), _pct(s["learner_idle"]),
-                 sum(s[f"updates_{k}"] for k in KINDS), "-", _pct(s.get("row_padding")), "-"])
-    for kind in KINDS:
-      if s[f"updates_{kind}"]:
-        rows.append([task, kind, "", "", "", "", "", s[f"updates_{kind}"],
-                     f"{s[f'rows_per_update_{kind}']:.1f}", _pct(s[f"row_padding_{kind}"]),
-                     _pct(s[f"token_padding_{kind}"])])
   return report.record(
       "pipeline",
       settings={"quick": quick, "tasks": list(TASKS),
                 "rl_steps": task_config("default", quick).rl.num_steps},
-      header=["task", "updates of kind", "RL wall s", "learner busy", "sampler busy",
-              "sandbox busy", "learner idle", "updates", "rows/update", "row padding",
-              "token padding"],
-      rows=rows, summary=got, load_before=load_before)
+      header=["task"] + HEADER, rows=table_rows(got), summary=got, load_before=load_before)
+
+
+HEADER = ["updates of kind", "RL wall s", "learner busy", "sampler busy", "sandbox busy",
+          "learner idle", "updates", "rows/update", "row padding", "token padding"]
+
+
+def table_rows(got: dict[str, dict[str, float]]) -> list[list[Any]]:
+  """The table's rows for `{label: summarise(...)}`: one row per run, then one per update kind
+  the run made."""
+  rows = []
+  for label, s in got.items():
+    rows.append([label, "all", f"{s['wall_s']:.0f}", _pct(s["learner_busy"]),
+                 _pct(s["sampler_busy"]), _pct(s["sandbox_busy"]), _pct(s["learner_idle"]),
+                 sum(s[f"updates_{k}"] for k in KINDS), "-", _pct(s.get("row_padding")), "-"])
+    for kind in KINDS:
+      if s[f"updates_{kind}"]:
+        rows.append([label, kind, "", "", "", "", "", s[f"updates_{kind}"],
+                     f"{s[f'rows_per_update_{kind}']:.1f}", _pct(s[f"row_padding_{kind}"]),
+                     _pct(s[f"token_padding_{kind}"])])
+  return rows
+
+
+def read(paths: list[str]) -> dict[str, dict[str, float]]:
+  """`summarise` of finished runs' `metrics.jsonl` (each path a file or a workdir), keyed by
+  path; prints the table. Reads any run, e.g. every run of an ablation:
+  `python -m benchmarks.pipeline read ablation/long_horizon/*/seed*`.
+
+  Raises:
+    FileNotFoundError: a path has no metrics.jsonl.
+  """
+  got = {}
+  for path in paths:
+    file = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+    with open(file, encoding="utf-8") as f:
+      got[path] = summarise([json.loads(line) for line in f if line.strip()])
+  print(report.table("pipeline of finished runs", ["run"] + HEADER, table_rows(got)))
+  return got
 
 
 def _train(argv: list[str]) -> None:
@@ -147,4 +172,7 @@ def _train(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  _train(sys.argv[1:])
+  if sys.argv[1:2] == ["read"]:
+    read(sys.argv[2:])
+  else:
+    _train(sys.argv[1:])

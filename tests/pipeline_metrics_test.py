@@ -1,6 +1,11 @@
 """Tests for the `pipeline/...` metrics (agentic_grpo.train.metrics) and their reader
 (benchmarks.pipeline.summarise)."""
 
+import io
+import json
+import os
+from unittest import mock
+
 from absl.testing import absltest
 
 from agentic_grpo.train import metrics
@@ -64,6 +69,24 @@ class PipelineMetricsTest(absltest.TestCase):
     self.assertAlmostEqual(s["rows_per_update_provisional"], 2.0)
     self.assertAlmostEqual(s["row_padding"], 0.5)
     self.assertAlmostEqual(s["token_padding_provisional"], 0.75)
+
+  def test_read_finished_runs(self):
+    row = dict(metrics.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
+    row.update(metrics.pipeline_shapes([{"rows": 3, "rows_correction": 3, "row_slots": 4,
+                                         "loss_tokens": 3, "token_slots": 8}]))
+    run = self.create_tempdir().full_path
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"phase": "warmstart"}) + "\n\n" + json.dumps(row) + "\n")
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      got = pipeline.read([run, os.path.join(run, "metrics.jsonl")])
+    self.assertLen(got, 2)
+    s = got[run]
+    self.assertEqual((s["rl_rows"], s["updates_correction"]), (1, 1))
+    self.assertAlmostEqual(s["row_padding_correction"], 0.25)
+    self.assertIn("correction", out.getvalue())
+    self.assertIn("25%", out.getvalue())
+    with self.assertRaises(FileNotFoundError):
+      pipeline.read([self.create_tempdir().full_path])
 
 
 if __name__ == "__main__":
