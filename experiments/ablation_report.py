@@ -3,6 +3,8 @@
 Everything is read from each run's `metrics.jsonl`:
 
 * final held-out pass@1: the run's last `eval/pass_at_1`; mean ± standard error over seeds;
+* gain against the warm-start: per seed, the arm's final pass@1 minus its warm-start's (the
+  same held-out tasks), mean ± s.e. over seeds: what RL added at all;
 * gain against outcome GRPO: per seed, the arm's final pass@1 minus outcome GRPO's with the
   same seed (same warm-start, same held-out tasks), mean ± s.e. over seeds;
 * rollouts (episodes sampled: tasks drawn, `loop/data_position`, times G; the stage arms
@@ -65,6 +67,7 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
   return {
       "curve": curve,
       "final": curve[-1][2],
+      "warm": curve[0][2] if warm else math.nan,
       "updates": len(upd),
       "stage_warm": _stage_rate(warm[-1][0]) if warm else math.nan,
       "stage_final": _stage_rate(rl[-1][0]),
@@ -132,16 +135,16 @@ def _fmt(x: float, spec: str = ".3f") -> str:
 
 def table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> list[str]:
   """Markdown table lines of one task: `runs[arm][seed]` from `load_run`."""
-  out = ["| arm | seeds | final pass@1 | gain vs outcome (paired by seed) | rollouts to outcome's "
-         "final | RL seconds to outcome's final | grad-norm var | clip frac | KL to behaviour "
-         "| sign-reversal share | learner idle |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+  out = ["| arm | seeds | final pass@1 | gain vs warm-start (paired) | gain vs outcome (paired "
+         "by seed) | rollouts to outcome's final | RL seconds to outcome's final | grad-norm var "
+         "| clip frac | KL to behaviour | sign-reversal share | learner idle |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   base = runs.get(OUTCOME, {})
   target = float(np.mean([r["final"] for r in base.values()])) if base else None
   for arm in arms:
     rs = runs.get(arm, {})
     if not rs:
-      out.append(f"| {arm} | 0 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
+      out.append(f"| {arm} | 0 |" + " n/a |" * 10)
       continue
     gains = [r["final"] - base[s]["final"] for s, r in rs.items() if s in base]
     reach = [_reach(r["curve"], target) for r in rs.values()] if target is not None else []
@@ -152,10 +155,25 @@ def table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> li
     stat = lambda k: _fmt(_mean([r[k] for r in rs.values() if not math.isnan(r[k])]))
     out.append(" | ".join([
         f"| {arm}", str(len(rs)), _mean_se([r["final"] for r in rs.values()]),
+        _signed_mean_se([r["final"] - r["warm"] for r in rs.values()]),
         "—" if arm == OUTCOME else _signed_mean_se(gains), *reach_text,
         _fmt(_mean([r["grad_norm_var"] for r in rs.values()]), ".3g"), stat("clip_fraction"),
         stat("kl"), stat("sign_reversal_share"), stat("idle")]) + " |")
   return out
+
+
+def _start_note(runs: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+  """The warm-start's pass@1 (every arm's start), and a warning when outcome GRPO ends at or
+  below it (then every arm "reaches" outcome's final at 0 rollouts)."""
+  warm = [r["warm"] for rs in runs.values() for r in rs.values() if not math.isnan(r["warm"])]
+  if not warm:
+    return []
+  out = [f"Warm-start (every arm's start): held-out pass@1 {np.mean(warm):.3f}."]
+  base = [r["final"] for r in runs.get(OUTCOME, {}).values()]
+  if base and np.mean(base) <= np.mean(warm) + 1e-12:
+    out[0] += (" Outcome GRPO ends at or below it, so every arm reaches outcome's final at 0 "
+               "rollouts: compare the final pass@1 and the gains instead.")
+  return out + [""]
 
 
 def stage_table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> list[str]:
@@ -227,7 +245,8 @@ def write(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[
            "Held-out greedy pass@1 (all hidden tests), equal training episodes per run. "
            "Columns: see `experiments/ablation_report.py`.", ""]
   for task in tasks:
-    lines += [f"## {task}", ""] + table(all_runs[task], arms) + [""] + [
+    lines += [f"## {task}", ""] + _start_note(all_runs[task]) + table(all_runs[task], arms) + [
+        ""] + [
         "Updates and held-out stage checks (mean greedy stage reward over the stages; for "
         "long_horizon, the share of pieces that pass their own examples):", ""] + stage_table(
             all_runs[task], arms) + [""]

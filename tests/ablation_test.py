@@ -129,7 +129,9 @@ class AblationTest(absltest.TestCase):
                                                            (96.0, 0.75)])
     text = ablation_report.write(root, ["default"], ["outcome", "post_hoc", "agentic"], [0])
     self.assertIn("| post_hoc | 0 | n/a", text)  # unfinished: left out
-    self.assertIn("| agentic | 1 | 0.750 |", text)
+    self.assertIn("| agentic | 1 | 0.750 | +0.500 |", text)  # gain vs its warm-start
+    self.assertIn("held-out pass@1 0.250.", text)
+    self.assertNotIn("at or below", text)
 
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
