@@ -68,7 +68,8 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
       "curve": curve,
       "final": curve[-1][2],
       "warm": curve[0][2] if warm else math.nan,
-      "updates": len(upd),
+      # Rows that carry an update's loss: an evaluation row of its own is not an update.
+      "updates": len({r["step"] for r in upd if "loss/grad_norm" in r}),
       "stage_warm": _stage_rate(warm[-1][0]) if warm else math.nan,
       "stage_final": _stage_rate(rl[-1][0]),
       "grad_norm_var": float(np.var(col("loss/grad_norm"))) if col("loss/grad_norm") else math.nan,

@@ -111,7 +111,9 @@ class AblationTest(absltest.TestCase):
             # The first RL evaluation comes before any episode has finished: the stage arms
             # already updated on 2 batches of 4 tasks x G = 8 sampled episodes.
             {"step": 4, "phase": "rl", "seconds": 1.0, "loop/data_position": 8.0,
-             "eval/pass_at_1": 0.5},
+             "loss/grad_norm": 1.0},
+            {"step": 4, "phase": "rl", "seconds": 1.0, "loop/data_position": 8.0,
+             "eval/pass_at_1": 0.5},  # an evaluation row of its own: not an update
             {"step": 5, "phase": "rl", "seconds": 2.0, "loop/data_position": 12.0,
              "loop/episodes": 32.0, "eval/pass_at_1": 0.75}]
     for arm, done in (("outcome", True), ("agentic", True), ("post_hoc", False)):
@@ -127,6 +129,7 @@ class AblationTest(absltest.TestCase):
     run = ablation_report.load_run(ablation.workdir(root, "default", "agentic", 0))
     self.assertEqual([(e, p) for e, _, p in run["curve"]], [(0.0, 0.25), (64.0, 0.5),
                                                            (96.0, 0.75)])
+    self.assertEqual(run["updates"], 1)
     text = ablation_report.write(root, ["default"], ["outcome", "post_hoc", "agentic"], [0])
     self.assertIn("| post_hoc | 0 | n/a", text)  # unfinished: left out
     self.assertIn("| agentic | 1 | 0.750 | +0.500 |", text)  # gain vs its warm-start
