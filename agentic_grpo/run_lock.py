@@ -8,8 +8,12 @@ into it; a second run stops at once with `WorkdirLockedError` naming that holder
 Release: on `release()` / leaving the `with` block (also on an exception), and, because the
 kernel drops a process's `flock` locks when the process ends, on every other exit too: a signal
 (SIGTERM, SIGKILL), a crash, `os._exit`. A lock file left by a process that is gone is
-therefore never held, and the next run takes it over (logging the previous holder). The file is
-not deleted on release (deleting it would let a waiting run lock an unlinked file).
+therefore never held, and the next run takes it over (logging the previous holder). On release
+the file is emptied; when it is the only thing in the workdir (a run refused before it wrote
+anything: a bad model checkpoint, a config drift) it is deleted, and so is the workdir if the
+lock created it, so a refused run leaves nothing behind. A run that opened the file before
+that deletion and locks it after finds the path gone or replaced and starts over, so two runs
+never hold different files of one path.
 
 Supported workdirs: local file systems and NFSv4 (Linux emulates `flock` with NFS byte-range
 locks; the server frees the lock of a client that died when its lease ends, about 90 s).
@@ -62,6 +66,15 @@ def read_holder(path: str) -> dict[str, Any]:
     return {}
 
 
+def _same_file(fd: int, path: str) -> bool:
+  """Whether the open file `fd` is the file at `path` now (not deleted or replaced)."""
+  try:
+    here, there = os.fstat(fd), os.stat(path)
+  except FileNotFoundError:
+    return False
+  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 class WorkdirLock:
   """An exclusive lock on a workdir, held from `acquire()` (or `with`) to `release()`.
 
@@ -79,6 +92,7 @@ class WorkdirLock:
     self.enabled = enabled
     self.path = os.path.join(self.workdir, LOCK_FILE)
     self._fd: Optional[int] = None
+    self._created_dir = False
 
   @property
   def held(self) -> bool:
@@ -91,17 +105,28 @@ class WorkdirLock:
       logging.warning("workdir %s is on an object store, which has no locks: running without "
                       "a workdir lock", self.workdir)
       return self
-    os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      os.close(fd)
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise WorkdirLockedError(self.workdir, read_holder(self.path)) from None
-      raise OSError(e.errno, f"cannot lock workdir {self.workdir} ({self.path}): {e.strerror}; "
-                    f"its file system does not support flock (see agentic_grpo/run_lock.py)"
-                    ) from e
+    created = False
+    while True:
+      if not os.path.isdir(self.workdir):
+        os.makedirs(self.workdir, exist_ok=True)
+        created = True
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      except FileNotFoundError:  # a releasing holder removed the (empty) workdir meanwhile
+        continue
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+          raise WorkdirLockedError(self.workdir, read_holder(self.path)) from None
+        raise OSError(e.errno, f"cannot lock workdir {self.workdir} ({self.path}): "
+                      f"{e.strerror}; its file system does not support flock (see "
+                      f"agentic_grpo/run_lock.py)") from e
+      if _same_file(fd, self.path):
+        break
+      os.close(fd)  # locked a file its holder deleted on release: lock the path's file
+    self._created_dir = created
     previous = read_holder(self.path)
     if previous:  # a holder that ended without releasing (killed): the kernel freed its lock
       logging.warning("taking over the workdir lock of %s, which has ended", describe(previous))
@@ -115,12 +140,21 @@ class WorkdirLock:
     return self
 
   def release(self) -> None:
-    """Empties the lock file and unlocks it (idempotent)."""
+    """Empties the lock file and unlocks it (idempotent). A workdir that holds nothing but the
+    lock file loses it (and is removed if `acquire` created it): nothing was written."""
     if self._fd is None:
       return
     fd, self._fd = self._fd, None
     try:
-      os.ftruncate(fd, 0)
+      if os.listdir(self.workdir) == [LOCK_FILE]:
+        os.unlink(self.path)  # still locked: a run that opened it will see it gone
+        if self._created_dir:
+          try:
+            os.rmdir(self.workdir)
+          except OSError:  # another run created its lock file there meanwhile
+            pass
+      else:
+        os.ftruncate(fd, 0)
       fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
       os.close(fd)

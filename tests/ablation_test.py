@@ -62,8 +62,8 @@ class AblationTest(absltest.TestCase):
       return os.path.join(root, "warm")
 
     ran = []
-    fake_run = lambda cfg, wd: ran.append(wd) or {
-        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}
+    fake_run = lambda cfg, wd: ran.append(wd) or os.makedirs(wd, exist_ok=True) or {
+        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}  # as train.run writes
     with mock.patch.object(ablation, "_warm_start", warm_start), \
          mock.patch.object(ablation, "_seed_from", lambda warm, wd: os.makedirs(wd, exist_ok=True)), \
          mock.patch.object(train, "run", fake_run):
@@ -76,8 +76,8 @@ class AblationTest(absltest.TestCase):
     root = self.create_tempdir().full_path
     busy = ablation.workdir(root, "default", "agentic", 0)
     seeded, ran = [], []
-    fake_run = lambda cfg, wd: ran.append(wd) or {
-        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}
+    fake_run = lambda cfg, wd: ran.append(wd) or os.makedirs(wd, exist_ok=True) or {
+        "step": 1, "final_pass_at_1": 0.0, "warmstart_pass_at_1": 0.0}  # as train.run writes
     # flock locks belong to an open file: a second WorkdirLock conflicts even in one process.
     with run_lock.WorkdirLock(busy), \
          mock.patch.object(ablation, "_warm_start", lambda *a: os.path.join(root, "warm")), \

@@ -1,5 +1,6 @@
 """Tests for agentic_grpo.run_lock, with real second processes."""
 
+import fcntl
 import json
 import os
 import pathlib
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -101,8 +103,47 @@ class RunLockTest(absltest.TestCase):
           run_lock.WorkdirLock(workdir).acquire()
         raise ValueError("inside")
     self.assertFalse(lock.held)
-    self.assertEqual(pathlib.Path(lock.path).read_text(), "")
+    # Nothing but the lock was written: the lock file goes; the workdir existed, so it stays.
+    self.assertEqual(os.listdir(workdir), [])
     run_lock.WorkdirLock(workdir).acquire().release()
+
+  def test_release_keeps_a_workdir_that_holds_a_run(self):
+    workdir = self.create_tempdir().full_path
+    with run_lock.WorkdirLock(workdir) as lock:
+      pathlib.Path(workdir, "metrics.jsonl").write_text("{}\n")
+    self.assertEqual(sorted(os.listdir(workdir)), [run_lock.LOCK_FILE, "metrics.jsonl"])
+    self.assertEqual(pathlib.Path(lock.path).read_text(), "")  # emptied: no holder
+    self.assertEqual(run_lock.read_holder(lock.path), {})
+
+  def test_a_refused_run_leaves_no_workdir_it_created(self):
+    workdir = os.path.join(self.create_tempdir().full_path, "fresh", "run")
+    run_lock.WorkdirLock(workdir).acquire().release()
+    self.assertFalse(os.path.exists(workdir))
+    self.assertTrue(os.path.isdir(os.path.dirname(workdir)))  # only the workdir itself goes
+
+  def test_a_lock_file_deleted_between_open_and_flock_is_not_held(self):
+    # The holder releases an otherwise empty workdir (deleting the lock file) after a second
+    # run opened the file and before it locks it: the second run must lock the path's new
+    # file, not the deleted one (else a third run could hold the path's file at the same time).
+    workdir = self.create_tempdir().full_path
+    first = run_lock.WorkdirLock(workdir).acquire()
+    real, calls = fcntl.flock, []
+
+    def flock(fd, op):
+      if op & fcntl.LOCK_EX:
+        calls.append(fd)
+        if len(calls) == 1:
+          first.release()
+      return real(fd, op)
+
+    with mock.patch.object(run_lock.fcntl, "flock", flock):
+      second = run_lock.WorkdirLock(workdir).acquire()
+    self.assertLen(calls, 2)  # the first locked a deleted file, and was started over
+    self.assertTrue(second.held)
+    self.assertEqual(os.fstat(second._fd).st_ino, os.stat(second.path).st_ino)
+    with self.assertRaises(run_lock.WorkdirLockedError):
+      run_lock.WorkdirLock(workdir).acquire()
+    second.release()
 
   def test_disabled_and_remote_locks_do_nothing(self):
     workdir = self.create_tempdir().full_path
