@@ -146,7 +146,11 @@ class WorkdirLock:
       return
     fd, self._fd = self._fd, None
     try:
-      if os.listdir(self.workdir) == [LOCK_FILE]:
+      try:
+        only_the_lock = os.listdir(self.workdir) == [LOCK_FILE]
+      except OSError:  # the workdir was removed under the run: nothing to tidy
+        only_the_lock = False
+      if only_the_lock:
         os.unlink(self.path)  # still locked: a run that opened it will see it gone
         if self._created_dir:
           try:

@@ -4,6 +4,7 @@ import fcntl
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -114,6 +115,14 @@ class RunLockTest(absltest.TestCase):
     self.assertEqual(sorted(os.listdir(workdir)), [run_lock.LOCK_FILE, "metrics.jsonl"])
     self.assertEqual(pathlib.Path(lock.path).read_text(), "")  # emptied: no holder
     self.assertEqual(run_lock.read_holder(lock.path), {})
+
+  def test_release_of_a_workdir_removed_under_the_run(self):
+    workdir = os.path.join(self.create_tempdir().full_path, "run")
+    lock = run_lock.WorkdirLock(workdir).acquire()
+    shutil.rmtree(workdir)
+    lock.release()  # does not raise (it would mask the run's own error)
+    self.assertFalse(lock.held)
+    run_lock.WorkdirLock(workdir).acquire().release()
 
   def test_a_refused_run_leaves_no_workdir_it_created(self):
     workdir = os.path.join(self.create_tempdir().full_path, "fresh", "run")
