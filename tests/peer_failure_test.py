@@ -21,6 +21,7 @@ import time
 
 from absl.testing import absltest
 
+from agentic_grpo import checkpoint_integrity
 from agentic_grpo import parallel
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -49,6 +50,19 @@ _OVERRIDES = (
 _NAMES_PROCESS_1 = re.compile(
     r"Not at this collective \(stuck or dead\): process 1 |"
     r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b")
+
+
+def _newest_intact(ckpts: pathlib.Path) -> int:
+  """The newest checkpoint step whose files match its integrity manifest (what a restart restores).
+
+  A step directory can exist without being complete: a process killed mid-save leaves one whose
+  manifest is missing (the restart moves it aside and restores the one before).
+  """
+  steps = sorted((int(p.name) for p in ckpts.iterdir() if p.name.isdigit()), reverse=True)
+  for step in steps:
+    if not checkpoint_integrity.verify(ckpts / str(step)):
+      return step
+  raise AssertionError(f"no intact checkpoint among {steps} in {ckpts}")
 
 
 def _free_port() -> int:
@@ -99,7 +113,8 @@ class PeerFailureTest(absltest.TestCase):
     ckpts = tmp / "workdir" / "checkpoints"
     (p0, log0), (p1, log1) = self._start(tmp, "first")
     deadline = time.time() + _RUN_LIMIT_S
-    while not (ckpts / "3").is_dir():  # warm-start steps 1-2 and the first RL step written
+    # Warm-start steps 1-2 and the first RL step committed: the manifest is written last.
+    while not (ckpts / "3" / checkpoint_integrity.MANIFEST).is_file():
       self.assertIsNone(p0.poll(), log0.read_text()[-3000:])
       self.assertIsNone(p1.poll(), log1.read_text()[-3000:])
       self.assertLess(time.time(), deadline, "no checkpoint 3 in time")
@@ -118,8 +133,10 @@ class PeerFailureTest(absltest.TestCase):
     print(f"process 0 exited with status {rc} {took:.1f} s after process 1 was killed: "
           f"{_NAMES_PROCESS_1.search(text).group(0)!r}")
 
-    # A restart resumes from the last checkpoint written and finishes.
-    last = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    # A restart resumes from the newest intact checkpoint (3, or a later one committed before
+    # the kill; one cut off mid-save is moved aside) and finishes.
+    last = _newest_intact(ckpts)
+    self.assertGreaterEqual(last, 3)
     procs = self._start(tmp, "second", timeout_s=_RESTART_TIMEOUT_S)
     for proc, log in procs:
       self.assertEqual(self._wait(proc, _RUN_LIMIT_S), 0, log.read_text()[-3000:])
