@@ -1,5 +1,6 @@
 """Finite task sources from the config: humaneval, mbpp, jsonl; the split rule; bad rows."""
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -97,6 +98,35 @@ class SourcesFromConfigTest(absltest.TestCase):
     tasks = sources.TASK_SOURCES.get("jsonl")(config_lib.TaskSection(source="jsonl", path=path))
     got = {t.task_id: t for t in tasks.train + tasks.heldout}
     self.assertEqual(got, {t.task_id: t for t in want})
+
+  def test_reference_check_runs_under_the_runs_sandbox_limits(self):
+    # References that need 1 s each: within the default 5 s wall limit, over a run's 0.5 s.
+    gen = synthetic.SyntheticTasks(synthetic.SyntheticConfig(seed=3))
+    tasks = [gen.task("train", i) for i in range(12)]
+    slow = {t.task_id for t in tasks[:2]}
+    rows = [json.loads(task_lib.task_to_json(dataclasses.replace(
+        t, reference_solution="import time\ntime.sleep(1.0)\n" + t.reference_solution)
+        if t.task_id in slow else t)) for t in tasks]
+    path = self._write("slow.jsonl", rows)
+    section = config_lib.TaskSection(source="jsonl", path=path, heldout_fraction=0.5)
+    load = sources.TASK_SOURCES.get("jsonl")
+    default = load(section)
+    self.assertLen(default.train + default.heldout, 12)
+    strict = config_lib.SandboxSection(timeout_s=0.5, workers=1)
+    kept = load(section, strict)
+    self.assertEqual({t.task_id for t in kept.train + kept.heldout},
+                     {t.task_id for t in tasks} - slow)
+    with self.assertRaisesRegex(loading.RowError, "slow.jsonl.*row 1.*reference solution fails"):
+      load(dataclasses.replace(section, on_error="raise"), strict)
+
+  def test_sandbox_section_limits_and_pool(self):
+    section = config_lib.SandboxSection(workers=3, timeout_s=1.5, cpu_s=1.0, memory_mb=256,
+                                        job_budget_s=0.0)
+    limits = section.limits()
+    self.assertEqual((limits.wall_seconds, limits.cpu_seconds, limits.memory_bytes,
+                      limits.stdio_budget_seconds), (1.5, 1.0, 256 * 2**20, None))
+    self.assertEqual(config_lib.SandboxSection(job_budget_s=7.0).limits().stdio_budget_seconds,
+                     7.0)
 
   def test_config_validation(self):
     with self.assertRaisesRegex(ValueError, "config.task.path"):

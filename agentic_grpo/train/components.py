@@ -92,17 +92,13 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
 
 def task_source(cfg: config_lib.TrainConfig) -> sources.TaskSource:
   """The run's tasks (`task.source` in `tasks.sources.TASK_SOURCES`): training stream and
-  held-out split."""
-  return sources.TASK_SOURCES.get(cfg.task.source)(cfg.task)
+  held-out split; a load-time reference check runs under the `sandbox` section's limits."""
+  return sources.TASK_SOURCES.get(cfg.task.source)(cfg.task, cfg.sandbox)
 
 
 def sandbox_pool(cfg: config_lib.TrainConfig) -> sandbox.SandboxPool:
   """A sandbox pool from the `sandbox` section (at least `sandbox.min_isolation`)."""
-  return sandbox.SandboxPool(max_workers=cfg.sandbox.workers, limits=sandbox.Limits(
-      cpu_seconds=cfg.sandbox.cpu_s, wall_seconds=cfg.sandbox.timeout_s,
-      memory_bytes=cfg.sandbox.memory_mb * 2**20,
-      stdio_budget_seconds=cfg.sandbox.job_budget_s or None),
-      isolation=sandbox.Isolation(min_level=cfg.sandbox.min_isolation))
+  return cfg.sandbox.pool()
 
 
 def check_prompt_lengths(comp: Components) -> None:
