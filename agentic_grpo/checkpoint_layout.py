@@ -27,7 +27,7 @@ of float32 parameters) hold no data: they count as absent on both sides.
 
 import collections
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from etils import epath
 import jax
@@ -132,10 +132,15 @@ def _key(entry) -> str:
   raise TypeError(f"unknown pytree key {entry!r}")
 
 
+def key_path(path) -> Path:
+  """A jax key path (`tree_util.tree_flatten_with_path`) as a `Path` of Orbax's key names."""
+  return tuple(_key(k) for k in path)
+
+
 def _flat(tree) -> dict[Path, Any]:
   """`{path: leaf}` with `None` nodes as `None` leaves."""
   leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
-  return {tuple(_key(k) for k in path): leaf for path, leaf in leaves}
+  return {key_path(path): leaf for path, leaf in leaves}
 
 
 def saved_tree(item_dir: epath.PathLike) -> Any:
@@ -162,14 +167,20 @@ class Plan:
   derived: dict[Path, tuple[Derivation, Optional[Path]]]
   notes: list[str]
 
-  def assemble(self, loaded: Any) -> Any:
-    """Today's tree from `loaded` (what Orbax restored into `item`), derived leaves added."""
+  def assemble(self, loaded: Any, only: Optional[Callable[[Path], bool]] = None) -> Any:
+    """Today's tree from `loaded` (what Orbax restored into `item`), derived leaves added.
+
+    With `only` (a path predicate), a leaf it rejects is `orbax.checkpoint.PLACEHOLDER` (not
+    read, not derived).
+    """
     if self.same:
       return loaded
     values = {p: v for p, v in _flat(loaded).items() if v is not None}
 
     def leaf(path, target):
-      p = tuple(_key(k) for k in path)
+      p = key_path(path)
+      if only is not None and not only(p):
+        return ocp.PLACEHOLDER
       if p in values:
         return values[p]
       derivation, source = self.derived[p]

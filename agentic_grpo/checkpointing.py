@@ -49,7 +49,7 @@ naming the missing, extra and reshaped paths, before anything is read or moved. 
 
 import datetime
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 from etils import epath
@@ -113,6 +113,12 @@ def _unflatten_host(flat: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
     group, name = key.split("/", 1)
     out.setdefault(group, {})[name] = v
   return out
+
+
+def policy_params_only(path: layout.Path) -> bool:
+  """An `only` for `Checkpointer.restore` of a run's state tree (`{'state': TrainState, 'ref':
+  params}`): the policy's parameters, nothing else (evaluation, export)."""
+  return path[:2] == ("state", "params")
 
 
 class Checkpointer:
@@ -316,7 +322,8 @@ class Checkpointer:
         meta=ocp.args.JsonRestore())).meta)
 
   def restore(self, step: Optional[int], abstract_state: Any, *,
-              derivations: Sequence[layout.Derivation] = ()
+              derivations: Sequence[layout.Derivation] = (),
+              only: Optional[Callable[[layout.Path], bool]] = None
               ) -> tuple[Any, dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """Restores checkpoint `step` (the newest intact one when None), verified first.
 
@@ -331,6 +338,10 @@ class Checkpointer:
         dtype (and sharding): arrays or `jax.ShapeDtypeStruct`s.
       derivations: fields of today's state that older checkpoints may lack
         (`learner.STATE_DERIVATIONS` for the learner's state).
+      only: which leaves to read, by path (`checkpoint_layout.Path`, e.g. `('state',
+        'params', 'embed', 'value')`); the others are not read from disk (nor held in memory)
+        and come back as `orbax.checkpoint.PLACEHOLDER`. Default: every leaf. Evaluation reads
+        the parameters only, not the optimizer's moments (twice the parameters in float32).
 
     Returns:
       `(state, host, meta)` as saved; in a multi-process run, this process's own `host` and
@@ -362,20 +373,40 @@ class Checkpointer:
     abstract = fit.item
     if written_by > 1:
       rows = host_rows.abstract_rows(written_by, int(meta["host_blob_width"]))
-      restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract),
-          host_rows=ocp.args.StandardRestore({"rows": rows})))
-      flat, own_meta = host_rows.decode_row(host_rows.own_row(restored.host_rows["rows"]))
+      restored = self._read(step, abstract, only, host_rows={"rows": rows})
+      flat, own_meta = host_rows.decode_row(host_rows.own_row(restored["host_rows"]["rows"]))
       flat.pop(_FORMAT_KEY)
-      return fit.assemble(restored.state), _unflatten_host(flat), own_meta
+      return fit.assemble(restored["state"], only), _unflatten_host(flat), own_meta
     shapes = meta.pop("host_shapes")
     abstract_host = {k: np.zeros((n,), np.dtype(dt)) for k, (n, dt) in shapes.items()}
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract),
-        host=ocp.args.StandardRestore(abstract_host)))
-    flat = _unpad({k: np.asarray(v) for k, v in restored.host.items()})
+    restored = self._read(step, abstract, only, host=abstract_host)
+    flat = _unpad({k: np.asarray(v) for k, v in restored["host"].items()})
     flat.pop(_FORMAT_KEY)
-    return fit.assemble(restored.state), _unflatten_host(flat), meta
+    return fit.assemble(restored["state"], only), _unflatten_host(flat), meta
+
+  def _read(self, step: int, abstract: Any, only: Optional[Callable[[layout.Path], bool]],
+            **host_items: Any) -> dict[str, Any]:
+    """Reads the `state` item into `abstract` and the named host items of checkpoint `step`.
+
+    With `only`, the leaves it rejects are `ocp.PLACEHOLDER`s and are not read: the state item
+    is then read by Orbax's PyTree handler (the standard one takes no placeholders; the files
+    are the same), the host items through the manager.
+    """
+    host_args = {k: ocp.args.StandardRestore(v) for k, v in host_items.items()}
+    if only is None:
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), **host_args))
+      return {k: restored[k] for k in ("state", *host_items)}
+    item = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: leaf if only(layout.key_path(path)) else ocp.PLACEHOLDER, abstract)
+    restore_args = jax.tree.map(
+        lambda leaf: leaf if leaf is ocp.PLACEHOLDER else
+        ocp.checkpoint_utils.construct_restore_args(leaf), item)
+    with ocp.PyTreeCheckpointer() as reader:
+      state = reader.restore(self._step_dir(step) / "state",
+                             args=ocp.args.PyTreeRestore(item, restore_args=restore_args))
+    restored = self._manager.restore(step, args=ocp.args.Composite(**host_args))
+    return {"state": state, **{k: restored[k] for k in host_items}}
 
   def close(self) -> None:
     self._manager.close()

@@ -55,7 +55,10 @@ def restore_params(workdir: str, step: int = -1):
                        jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain),
                        sh.state)
   abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
-  restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS)
+  # The parameters only: the optimizer's moments, the float32 master and the reference stay on
+  # disk, so exporting needs the memory of the parameters alone.
+  restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS,
+                                   only=checkpointing.policy_params_only)
   return cfg, source, int(meta["step"]), restored["state"].params
 
 

@@ -15,6 +15,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
 from agentic_grpo import checkpoint_integrity
 from agentic_grpo import checkpoint_layout
@@ -73,6 +74,28 @@ class CheckpointingTest(absltest.TestCase):
       for name, v in arrays.items():
         np.testing.assert_array_equal(got_host[group][name], v)
         self.assertEqual(got_host[group][name].dtype, v.dtype)
+
+  def test_only_reads_the_selected_leaves(self):
+    cfg = _tiny(jnp.bfloat16)
+    _, params = transformer.init_model(cfg, 0)
+    opt = learner.make_optimizer(config_lib.OptimSection())
+    state = learner.init_state(params, opt, 3)
+    moments = lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x
+    state = state.replace(opt_state=jax.tree.map(moments, state.opt_state))
+    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck.save(1, {"state": state, "ref": params}, {}, {"phase": "rl"})
+    abstract = {"state": learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0),
+                "ref": transformer.init_model(cfg, 1)[1]}
+    got, _, _ = ck.restore(None, abstract,
+                           only=checkpointing.policy_params_only)
+    self.assertEqual(jax.tree.structure(got["state"].params), jax.tree.structure(params))
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got["state"].params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      self.assertEqual(b.dtype, jnp.bfloat16)
+    skipped = [got["state"].opt_state, got["state"].master, got["state"].step, got["ref"]]
+    leaves = jax.tree.leaves(skipped)
+    self.assertNotEmpty(leaves)
+    self.assertTrue(all(x is ocp.PLACEHOLDER for x in leaves), [type(x) for x in leaves])
 
   def test_keeps_newest(self):
     ck = checkpointing.Checkpointer(self.create_tempdir().full_path, max_to_keep=2)
@@ -229,6 +252,21 @@ class EarlierLayoutTest(parameterized.TestCase):
     notes = "\n".join(ck.last_restore_notes)
     self.assertIn("derived state.master (11 arrays) from state.params", notes)
     self.assertIn("read 22 arrays saved as bfloat16 as float32", notes)
+
+  def test_only_the_parameters_of_a_pre_master_checkpoint(self):
+    # An earlier layout (no master) read for evaluation: the master is neither read nor derived.
+    directory = self.create_tempdir().full_path
+    old, opt = self._pre_master(directory, jnp.bfloat16)
+    abstract = {"state": learner.init_state(
+        transformer.init_model(_tiny(jnp.bfloat16), 1)[1], opt, 0)}
+    got, _, _ = checkpointing.Checkpointer(directory).restore(
+        None, abstract, derivations=learner.STATE_DERIVATIONS,
+        only=checkpointing.policy_params_only)
+    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(got["state"].params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    leaves = jax.tree.leaves([got["state"].master, got["state"].opt_state])
+    self.assertNotEmpty(leaves)
+    self.assertTrue(all(x is ocp.PLACEHOLDER for x in leaves))
 
   def test_a_checkpoint_that_cannot_fit_is_named_and_nothing_moves(self):
     # A bfloat16 run's checkpoints (the newest damaged) restored into float32 models.

@@ -98,9 +98,11 @@ def initial_policy(comp) -> Any:
 def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[Any, dict]:
   """The policy parameters of checkpoint `step` of a run built as `comp`, and its meta.
 
-  Restores the learner state (the structure every optimizer of a run shares) into an abstract
-  target of `comp`'s shardings, without first materialising a fresh state, and keeps only the
-  parameters (an opaque handle for `make_sample_fn`).
+  Reads only the parameters of the saved learner state into an abstract target of `comp`'s
+  shardings, without first materialising a fresh state: the optimizer's moments, the float32
+  master and the KL reference stay on disk (`Checkpointer.restore(only=...)`), so evaluating
+  a checkpoint needs the memory of the parameters alone. Returns an opaque handle for
+  `make_sample_fn`.
 
   Raises:
     FileNotFoundError, checkpointing.CheckpointIntegrityError: as `Checkpointer.restore`.
@@ -116,7 +118,8 @@ def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[A
       comp.shardings.state)
   abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
   try:
-    restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS)
+    restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS,
+                                     only=checkpointing.policy_params_only)
   except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
     raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
                      f"(another model shape?): {e}") from e
