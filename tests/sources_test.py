@@ -227,6 +227,8 @@ class EndToEndTest(parameterized.TestCase):
     _, _, step, restored = exporting.restore_params(workdir, 1)
     self.assertEqual(step, 1)
     _leaves_equal(restored, state.params)
+    for leaf, want in zip(jax.tree.leaves(restored), jax.tree.leaves(sm.param_shardings)):
+      self.assertEqual(leaf.sharding, want)  # read straight into the learner's shardings
     out_dir = exporting.export_run(workdir, os.path.join(root, "exported"), 1)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json"):
