@@ -2,17 +2,20 @@
 
 `restore_params(workdir, step)` reads a run's `config.json` and its Orbax checkpoint `step` (the
 newest intact one with -1) into the learner's shardings; `export_run(workdir, out_dir, step)`
-writes them as `models.hf_export.export_hf` does: safetensors in the parameters' dtype,
+writes them as `models.hf_export.export_hf` does: safetensors in the parameters' dtype (with
+`master=True`, the learner's float32 master copy of low-precision parameters, in float32),
 `config.json`, and, for a run started from a Hugging Face checkpoint (`config.model.source='hf'`),
 its tokenizer files and `generation_config.json`; a preset run (byte tokenizer) gets a
 `generation_config.json` with the byte tokenizer's eos id and no tokenizer files. Command line:
 `python -m launch.export`.
 """
 
+import dataclasses
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
@@ -22,12 +25,18 @@ from agentic_grpo.models import hf_export
 from agentic_grpo.models import sources
 
 
-def restore_params(workdir: str, step: int = -1):
+def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   """`(cfg, source, step, params)` of a run's checkpoint, parameters in their shardings.
+
+  Only that one field of the learner state is read (`Checkpointer.restore(only=...)`): the
+  optimizer's moments and the KL reference stay on disk.
 
   Args:
     workdir: the run's directory (its `config.json` and `checkpoints/`).
     step: the checkpoint step, or -1 for the newest intact one.
+    master: read the learner's float32 master copy (`TrainState.master`, kept when the
+      parameters are stored in a lower precision) instead of the parameters; for float32
+      parameters, which have no master, the parameters themselves.
 
   Raises:
     ValueError: no config.json in `workdir`, or an invalid one.
@@ -55,21 +64,34 @@ def restore_params(workdir: str, step: int = -1):
                        jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain),
                        sh.state)
   abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
-  # The parameters only: the optimizer's moments, the float32 master and the reference stay on
-  # disk, so exporting needs the memory of the parameters alone.
+  field = "master" if master and state.master is not None else "params"
+  # One field of the learner state: the rest stays on disk, so exporting needs the memory of
+  # the parameters alone.
   restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS,
-                                   only=checkpointing.policy_params_only)
-  return cfg, source, int(meta["step"]), restored["state"].params
+                                   only=lambda path: path[:2] == ("state", field))
+  return cfg, source, int(meta["step"]), getattr(restored["state"], field)
 
 
-def export_run(workdir: str, out_dir: str, step: int = -1) -> str:
-  """Writes checkpoint `step` of the run in `workdir` to `out_dir`; returns `out_dir`."""
+def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = False) -> str:
+  """Writes checkpoint `step` of the run in `workdir` to `out_dir`; returns `out_dir`.
+
+  With `master`, the float32 master copy is written (`restore_params`) and `config.json` names
+  float32; otherwise the parameters in their dtype.
+
+  Raises:
+    ValueError: `out_dir` exists and is not empty; as `restore_params` and
+      `hf_export.export_hf`.
+    FileNotFoundError, checkpointing.CheckpointIntegrityError: as `restore_params`.
+  """
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise ValueError(f"--out {out_dir!r} exists and is not empty")
-  _, source, _, params = restore_params(workdir, step)
+  _, source, _, params = restore_params(workdir, step, master=master)
+  model_config = source.model_config
+  if master:
+    model_config = dataclasses.replace(model_config, param_dtype=jnp.float32)
   tok = source.tokenizer
   generation = None
   if source.local_dir is None:
     generation = hf_export.generation_config([tok.eos_id], pad_id=tok.pad_id, bos_id=tok.bos_id)
-  return hf_export.export_hf(out_dir, source.model_config, params, source_dir=source.local_dir,
+  return hf_export.export_hf(out_dir, model_config, params, source_dir=source.local_dir,
                              generation=generation)

@@ -1,11 +1,12 @@
 r"""Exports a trained run's policy as a Hugging Face checkpoint directory.
 
-  python -m launch.export --workdir=WORKDIR --step=N --out=DIR
+  python -m launch.export --workdir=WORKDIR --step=N --out=DIR [--master]
 
 Reads the run's `config.json` and its Orbax checkpoint `N` (the newest intact
 one with `--step=-1`), and writes `DIR` (`agentic_grpo.exporting.export_run`) as
 `models.hf_export.export_hf` does:
-safetensors in the parameters' dtype, `config.json`, and, for a run started
+safetensors in the parameters' dtype (`--master`: the learner's float32 master
+copy of bf16 parameters, in float32), `config.json`, and, for a run started
 from a Hugging Face checkpoint (`config.model.source='hf'`), its tokenizer
 files and `generation_config.json`; a preset run (byte tokenizer) gets a
 `generation_config.json` with the byte tokenizer's eos id and no tokenizer
@@ -30,6 +31,9 @@ from launch import common_flags
 _WORKDIR = common_flags.WORKDIR
 _STEP = common_flags.STEP
 _OUT = flags.DEFINE_string("out", None, "Directory to write (must not exist or be empty).")
+_MASTER = flags.DEFINE_bool(
+    "master", False, "Write the learner's float32 master copy of low-precision (e.g. bf16) "
+    "parameters, in float32, instead of the parameters in their dtype.")
 
 
 def main(argv):
@@ -40,7 +44,7 @@ def main(argv):
     print("error: --workdir and --out are required", file=sys.stderr)
     sys.exit(exit_codes.CONFIG_ERROR)
   try:
-    out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value)
+    out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value, master=_MASTER.value)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(exit_codes.CONFIG_ERROR)
