@@ -13,6 +13,7 @@ from absl.testing import parameterized
 from agentic_grpo import config as config_lib
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import sandbox
+from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import loading
@@ -471,7 +472,10 @@ class JudgedTest(absltest.TestCase):
     self.assertEqual(cfg.sandbox.job_budget_s, 60.0)
     cfg = dataclasses.replace(cfg, sandbox=dataclasses.replace(cfg.sandbox, workers=1,
                                                                job_budget_s=4.0))
-    with components.sandbox_pool(cfg) as pool:
+    with components.sandbox_pool(cfg) as raw:
+      # Training and evaluation hand their workflows the pool wrapped to count verdicts: the
+      # budget must reach the judge through the wrapper.
+      pool = streams.CountingPool(raw)
       self.assertEqual(pool.limits.stdio_budget_seconds, 4.0)
       final, wall, n = self._final(pool, "fraction", "while True: pass\n", 30)
       self.assertEqual((float(final.rewards[0]), int(final.num_tests[0])), (0.0, n))

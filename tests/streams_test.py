@@ -1,11 +1,14 @@
 """Tests for agentic_grpo.agent.streams: the task stream and the verdict-counting pool."""
 
 import collections
+import concurrent.futures
 
 from absl.testing import absltest
 
+from agentic_grpo.agent import execution
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import streams
+from agentic_grpo.tasks import task as task_lib
 
 
 class _Result:
@@ -14,9 +17,16 @@ class _Result:
 
 
 class _Pool:
+  limits = sandbox.Limits(cpu_seconds=7.0, memory_bytes=300 * 2**20, stdio_budget_seconds=3.0)
+
   def map(self, programs, limits=None):
     del limits
     return [_Result(sandbox.Verdict.PASSED if p else sandbox.Verdict.TIMEOUT) for p in programs]
+
+  def submit(self, program, limits=None):
+    future = concurrent.futures.Future()
+    future.set_result(self.map([program], limits)[0])
+    return future
 
 
 class TaskStreamTest(absltest.TestCase):
@@ -67,6 +77,25 @@ class CountingPoolTest(absltest.TestCase):
     self.assertEqual(pool.pop_counts(), {"passed": 1, "timeout": 2})
     self.assertEqual(pool.pop_counts(), {})
     self.assertIsInstance(pool.counts, collections.Counter)
+    self.assertEqual(pool.submit(False).result().verdict, sandbox.Verdict.TIMEOUT)
+    self.assertEqual(pool.pop_counts(), {"timeout": 1})
+
+  def test_the_wrapped_pools_limits_reach_a_stdio_program(self):
+    # The class of bug: a wrapper that hides the pool's limits makes every stdio job run under
+    # `sandbox.Limits()` instead of the run's `config.sandbox`.
+    inner = _Pool()
+    pool = streams.CountingPool(inner)
+    self.assertIs(pool.limits, inner.limits)
+    with self.assertRaises(AttributeError):
+      pool.no_such_attribute  # pylint: disable=pointless-statement
+    stdio_task = task_lib.Task("s/1", "Add.", "main", "main()",
+                               public_examples=(task_lib.Example(("1 2\n",), "3\n"),),
+                               hidden_tests=(task_lib.Example(("2 2\n",), "4\n"),),
+                               stdio=task_lib.StdioSpec())
+    for wrapper in (inner, pool):
+      program = execution.program(stdio_task, "print(3)", stdio_task.public_examples, wrapper)
+      self.assertEqual((program.time_seconds, program.memory_bytes, program.budget_seconds),
+                       (7.0, 300 * 2**20, 3.0))
 
 
 if __name__ == "__main__":

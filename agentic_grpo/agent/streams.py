@@ -81,7 +81,13 @@ class TaskStream:
 
 
 class CountingPool:
-  """Wraps a sandbox pool and counts run verdicts (`timeout`, `error`, ...) thread-safely."""
+  """Wraps a sandbox pool and counts run verdicts (`timeout`, `error`, ...) thread-safely.
+
+  Transparent otherwise: every other attribute is the wrapped pool's (`limits`, `max_workers`,
+  `isolation_info`, ...), so code that reads the run's limits off the pool it was given
+  (`execution.program`: a stdio task's time, memory and job budget) sees the same limits
+  through the wrapper as without it. Verdicts of `map` and of `submit`'s futures are counted.
+  """
 
   def __init__(self, pool):
     self._pool = pool
@@ -91,10 +97,26 @@ class CountingPool:
   def map(self, programs, limits=None):
     results = self._pool.map(programs, limits) if limits is not None else self._pool.map(
         programs)
+    self._count(results)
+    return results
+
+  def submit(self, program, limits=None):
+    future = (self._pool.submit(program, limits) if limits is not None
+              else self._pool.submit(program))
+    future.add_done_callback(
+        lambda f: None if f.cancelled() or f.exception() else self._count([f.result()]))
+    return future
+
+  def _count(self, results) -> None:
     with self._lock:
       for r in results:
         self.counts[str(getattr(r.verdict, "value", r.verdict))] += 1
-    return results
+
+  def __getattr__(self, name: str):
+    # Called only for names not found on the wrapper: those are the wrapped pool's.
+    if name.startswith("__") or name in ("_pool", "_lock", "counts"):
+      raise AttributeError(name)
+    return getattr(self._pool, name)
 
   def pop_counts(self) -> dict[str, int]:
     with self._lock:
