@@ -213,8 +213,35 @@ class LoopTest(absltest.TestCase):
     self.assertEqual(counts["errors/tests"], B * G // 2)  # Odd rows raised in the parser.
     verdicts = counting.pop_counts()
     self.assertGreaterEqual(verdicts["timeout"], B * G // 2)  # Odd rows' code hangs.
+    self.assertGreaterEqual(counts["timeout"], B * G // 2)  # the loop's, taken at harvest
     self.assertEqual(metrics["reward/final"], 0.5)
     self.assertEqual(agent.counters["episodes"], B * G)
+
+  def test_verdict_counts_per_step_do_not_depend_on_timing(self):
+    # Two loops on the same seed; in the second, every sandbox call is delayed at random, so
+    # jobs finish in other orders relative to the loop's steps. The counts of each step (what
+    # a metrics row logs) are the same: they are taken when a job is harvested.
+    real_map = type(self.pool).map
+    rng = np.random.default_rng(0)
+
+    def slow_map(pool, programs, limits=None):
+      import time  # pylint: disable=g-import-not-at-top
+      time.sleep(float(rng.uniform(0.0, 0.3)))
+      return real_map(pool, programs, limits)
+
+    def per_step(slow):
+      agent, _, _ = self._loop(ScriptedSampler(), in_flight=2)
+      with mock.patch.object(type(self.pool), "map", slow_map) if slow else mock.patch.object(
+          type(self.pool), "map", real_map):
+        rows = []
+        for _ in range(3 * agent.num_stages):
+          agent.step(None, 0)
+          rows.append(agent.pop_counts())
+      return rows
+
+    fast, slow = per_step(False), per_step(True)
+    self.assertEqual(fast, slow)
+    self.assertGreater(sum(r.get("passed", 0) for r in fast), 0)
 
   def test_failed_sandbox_job_abandons_batch_and_continues(self):
     calls = collections.Counter()

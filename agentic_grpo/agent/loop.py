@@ -35,7 +35,8 @@ state machine (phase, cursor) advances identically everywhere, whatever the sand
 a trainer that agrees on when to update keeps them in step.
 
 Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
-verdicts (timeouts, memory, crashes) are counted by `streams.CountingPool`; a sandbox job that
+verdicts (timeouts, memory, crashes) are counted per batch (`streams.CountingPool` around each
+batch's workflow's pool) and taken at harvest (`pop_counts`); a sandbox job that
 fails as a whole abandons its batch (its remaining stages are reported as skipped and its final
 rewards as 0, which nets out its provisional updates) and is counted. None of these stops the run.
 """
@@ -127,6 +128,7 @@ class AgentLoop:
     self.next_group_id = 0
     self.counters: collections.Counter = collections.Counter()
     self._errors: collections.Counter = collections.Counter()
+    self._verdicts: collections.Counter = collections.Counter()
 
   @property
   def num_rows(self) -> int:
@@ -176,6 +178,9 @@ class AgentLoop:
     else:
       group_ids, episode_ids = ids
     wf = self._workflow_factory()
+    # This batch's sandbox verdicts, counted apart and taken when its jobs are harvested (in
+    # the loop's fixed order): a logged row's counts do not depend on the threads' timing.
+    wf.pool = streams.CountingPool(wf.pool)
     episodes = wf.start([t for t in tasks for _ in range(self.G)])
     openings = wf.open_stage(episodes)
     context = [list(self.tokenizer.encode(o)) for o in openings]
@@ -242,10 +247,12 @@ class AgentLoop:
     except Exception:  # pylint: disable=broad-except
       logging.exception("agent loop: sandbox job of batch %d stage %d failed", slot.batch_id, k)
       self.counters["job_failures"] += 1
+      self._verdicts.update(slot.workflow.pool.pop_counts())
       return self._abandon(slot)
     slot.job = None
     slot.pending = None
     self._errors.update(slot.workflow.pop_error_counts())
+    self._verdicts.update(slot.workflow.pool.pop_counts())
     name = slot.workflow.stage_names[k]
     rows, masks, blps = [], [], []
     for i in range(self.num_rows):
@@ -285,10 +292,13 @@ class AgentLoop:
     return {"loop/abandoned_batches": 1.0}
 
   def pop_counts(self) -> dict[str, float]:
-    """Parser/reward/sandbox exceptions (`errors/<stage>`) of harvested stages since the last
-    call."""
+    """Since the last call, of the harvested sandbox jobs: parser/reward/sandbox exceptions
+    (`errors/<stage>`) and run verdicts (`passed`, `timeout`, `memory_limit`, ...: one per
+    program run). Counted per batch and taken at harvest, so the same for the same seed."""
     out = {f"errors/{k}": float(v) for k, v in self._errors.items()}
+    out.update({k: float(v) for k, v in self._verdicts.items()})
     self._errors.clear()
+    self._verdicts.clear()
     return out
 
   # ------------------------------------------------------------------------------- evaluation

@@ -15,7 +15,6 @@ import jax
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import parallel
-from agentic_grpo.agent import streams
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.tasks import sources
@@ -41,7 +40,6 @@ class Components:
   tasks: sources.TaskSource
   eval_tasks: list  # this process's share of the held-out tasks (all of them in one process)
   pool: Any
-  counting_pool: streams.CountingPool
   workflow_factory: Callable[[], workflow_lib.Workflow]
   make_workflow: Callable[..., workflow_lib.Workflow]
   num_stages: int
@@ -73,17 +71,16 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   share = parallel.process_slice(cfg.task.eval_size)
   eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
   pool = pool if pool is not None else sandbox_pool(cfg)
-  counting = streams.CountingPool(pool)
   cls = workflow_factory or workflow_lib.Workflow
   make = lambda pool, **overrides: cls(dataclasses.replace(cfg.workflow, **overrides), pool,
                                        tokenizer=model.tokenizer)
-  factory = lambda: make(counting)
+  factory = lambda: make(pool)  # the agent loop counts each batch's verdicts
   probe = factory()
   if hasattr(probe.prompt_format, "prefix_message"):
     logging.info("prompt format %r: %s", cfg.workflow.prompt_format,
                  probe.prompt_format.prefix_message())
   comp = Components(cfg, model.tokenizer, model.model_config, model.graphdef, tasks, eval_tasks,
-                    pool, counting, factory, make, probe.num_stages, probe.stage_names,
+                    pool, factory, make, probe.num_stages, probe.stage_names,
                     model.mesh, model.sharded_model, model.shardings,
                     coordination.make_coordinator(), model.source)
   check_prompt_lengths(comp)

@@ -163,8 +163,7 @@ class RLPhase:
     self.busy["learner"] += time.time() - t0
     if updates:
       self.last_update = updates[-1]
-    s.counters.update(s.comp.counting_pool.pop_counts())
-    s.counters.update(s.agent.pop_counts())
+    s.counters.update(s.agent.pop_counts())  # errors and sandbox verdicts of harvested jobs
     local = {"harvest": metrics_lib.values_by_key(self.harvest_rows),
              "counts": dict(s.counters), "loop": dict(s.agent.counters),
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
