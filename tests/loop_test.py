@@ -4,6 +4,7 @@ import collections
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import numpy as np
 
 from agentic_grpo import checkpoint_records
@@ -72,7 +73,7 @@ class ScriptedSampler:
     return out, out_len, lps
 
 
-class LoopTest(absltest.TestCase):
+class LoopTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
@@ -147,7 +148,10 @@ class LoopTest(absltest.TestCase):
     self.assertEqual(agent.counters["episodes"], B * G)
     self.assertEqual(replay.num_pending_episodes, B * G)  # Only the next batch's.
 
-  def test_resume_matches_uninterrupted(self):
+  # 7 steps: a job in flight, nothing harvested yet in its batch; 11: harvested stages that the
+  # restore replays in the sandbox.
+  @parameterized.parameters(7, 11)
+  def test_resume_matches_uninterrupted(self, stop):
     def run(agent, replay, steps, version0=0):
       taken = []
       for i in range(steps):
@@ -158,7 +162,8 @@ class LoopTest(absltest.TestCase):
       return taken
 
     a_loop, a_replay, _ = self._loop(ScriptedSampler())
-    run(a_loop, a_replay, 7)  # Stops mid-episode, with a sandbox job in flight.
+    run(a_loop, a_replay, stop)  # Stops mid-episode, with a sandbox job in flight.
+    a_loop.pop_counts()  # what a metrics row before the checkpoint logged
     arrays, meta = a_loop.state_dict()
     r_arrays, r_meta = a_replay.state_dict()
     b_loop, b_replay, _ = self._loop(ScriptedSampler())
@@ -169,6 +174,10 @@ class LoopTest(absltest.TestCase):
     rest_b = run(b_loop, b_replay, 12, 10)
     self.assertLen(rest_b, len(rest_a))
     self.assertNotEmpty(rest_a)
+    # Verdicts after the restore: the replayed stages are not counted again.
+    counts = a_loop.pop_counts()
+    self.assertGreater(counts.get("passed", 0), 0)
+    self.assertEqual(b_loop.pop_counts(), counts)
     for (ta, aa), (tb, ab) in zip(rest_a, rest_b):
       np.testing.assert_array_equal(ta, tb)
       np.testing.assert_array_equal(aa, ab)

@@ -399,7 +399,9 @@ class AgentLoop:
       if s.stage < self.num_stages - 1:
         slot.context = [list(c) + g.tolist() + list(self.tokenizer.encode(o))
                         for c, g, o in zip(slot.context, s.gen, follow)]
+    # The replay's errors and verdicts were counted when the stages were first harvested.
     slot.workflow.pop_error_counts()
+    slot.workflow.pool.pop_counts()
     if sm["pending"]:
       slot.pending = stages[-1]
       slot.job = self._submit(slot, slot.pending)
