@@ -280,12 +280,22 @@ class Checkpointer:
     return choice
 
   def _resolve(self, step: Optional[int]) -> int:
-    """`step` checked for integrity, or the newest intact step when None."""
+    """`step` checked for existence and integrity, or the newest intact step when None.
+
+    Raises:
+      FileNotFoundError: no checkpoint at all, or none at `step` (the message lists the steps
+        there).
+      CheckpointIntegrityError: checkpoint `step` is damaged.
+    """
     if step is None:
       step = self.intact_step()
       if step is None:
         raise FileNotFoundError(f"no checkpoint in {self.directory}")
       return step
+    steps = self.all_steps()
+    if not _from_process_0(int(int(step) in steps) if jax.process_index() == 0 else 0):
+      raise FileNotFoundError(f"no checkpoint at step {step} in {self.directory}; steps there: "
+                              f"{steps}")
     ok = _from_process_0(int(not self.problems(step)) if jax.process_index() == 0 else 0)
     if not ok:
       detail = (integrity.describe(step, self.problems(step), None)
@@ -314,7 +324,7 @@ class Checkpointer:
     state. Verified like `restore`.
 
     Raises:
-      FileNotFoundError: when there is no checkpoint.
+      FileNotFoundError: when there is no checkpoint (at `step`).
       CheckpointIntegrityError: as `restore`.
     """
     step = self._resolve(step)
@@ -348,7 +358,7 @@ class Checkpointer:
       `meta`.
 
     Raises:
-      FileNotFoundError: when there is no checkpoint.
+      FileNotFoundError: when there is no checkpoint, or none at `step`.
       CheckpointIntegrityError: checkpoint `step` is damaged, or (`step=None`) checkpoints exist
         but none is intact; the message names each damaged step and file.
       ValueError: the checkpoint was written by a different number of processes.

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -85,13 +86,21 @@ def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = Fal
   """
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise ValueError(f"--out {out_dir!r} exists and is not empty")
-  _, source, _, params = restore_params(workdir, step, master=master)
+  _, source, chosen, params = restore_params(workdir, step, master=master)
   model_config = source.model_config
+  if master and jnp.dtype(model_config.param_dtype) == jnp.float32:
+    logging.info("--master: the parameters are float32 (the learner keeps no master copy of "
+                 "them); exporting the parameters")
   if master:
     model_config = dataclasses.replace(model_config, param_dtype=jnp.float32)
   tok = source.tokenizer
   generation = None
   if source.local_dir is None:
     generation = hf_export.generation_config([tok.eos_id], pad_id=tok.pad_id, bos_id=tok.bos_id)
-  return hf_export.export_hf(out_dir, model_config, params, source_dir=source.local_dir,
-                             generation=generation)
+  hf_export.export_hf(out_dir, model_config, params, source_dir=source.local_dir,
+                      generation=generation)
+  logging.info("exported checkpoint %d of %s (%s in %s) to %s: %s", chosen, workdir,
+               "the float32 master" if master else "the parameters",
+               jnp.dtype(model_config.param_dtype).name, out_dir,
+               ", ".join(sorted(os.listdir(out_dir))))
+  return out_dir

@@ -42,6 +42,9 @@ if __name__ == "__main__":
 _WORKDIR = common_flags.WORKDIR
 _STEP = common_flags.STEP
 _CONFIG = common_flags.config_flag()
+flags.declare_key_flag("workdir")  # listed by --help, not only --helpfull
+flags.declare_key_flag("step")
+flags.declare_key_flag("config")
 _NUM_SAMPLES = flags.DEFINE_integer(
     "num_samples", None, "Samples per held-out task for pass@k (default: config.eval.num_samples;"
     " 0: greedy only).")

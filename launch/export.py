@@ -18,8 +18,6 @@ Exit codes: 0 done, 1 a crash, 74 no intact checkpoint (or not step N),
 78 a bad flag or an output directory that exists and is not empty.
 """
 
-import sys
-
 from absl import app
 from absl import flags
 
@@ -30,6 +28,8 @@ from launch import common_flags
 
 _WORKDIR = common_flags.WORKDIR
 _STEP = common_flags.STEP
+flags.declare_key_flag("workdir")  # listed by --help, not only --helpfull
+flags.declare_key_flag("step")
 _OUT = flags.DEFINE_string("out", None, "Directory to write (must not exist or be empty).")
 _MASTER = flags.DEFINE_bool(
     "master", False, "Write the learner's float32 master copy of low-precision (e.g. bf16) "
@@ -38,21 +38,18 @@ _MASTER = flags.DEFINE_bool(
 
 def main(argv):
   if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-    sys.exit(exit_codes.CONFIG_ERROR)
+    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
   if not _WORKDIR.value or not _OUT.value:
-    print("error: --workdir and --out are required", file=sys.stderr)
-    sys.exit(exit_codes.CONFIG_ERROR)
+    common_flags.fail(exit_codes.CONFIG_ERROR, "--workdir and --out are required")
+  common_flags.quiet_orbax()
   try:
     out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value, master=_MASTER.value)
   except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(exit_codes.CONFIG_ERROR)
+    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
   except (FileNotFoundError, checkpointing.CheckpointIntegrityError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(exit_codes.CHECKPOINT_DAMAGED)
+    common_flags.fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
   print(out)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=common_flags.parse_flags)

@@ -45,6 +45,8 @@ if __name__ == "__main__":
 
 _CONFIG = common_flags.config_flag()
 _WORKDIR = common_flags.WORKDIR
+flags.declare_key_flag("config")  # listed by --help, not only --helpfull
+flags.declare_key_flag("workdir")
 _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "Stop (after a checkpoint) at this global step, as if interrupted.")
 _SHOW_CONFIG = flags.DEFINE_bool(

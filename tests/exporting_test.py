@@ -103,6 +103,21 @@ class ExportRunTest(parameterized.TestCase):
     missing = subprocess.run(command[:4] + ["--step=7", f"--out={out}_7"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(missing.returncode, exit_codes.CHECKPOINT_DAMAGED, missing.stderr[-3000:])
+    # A step that was never saved is named as missing, with the steps there (not "damaged").
+    self.assertEqual(missing.stderr.strip().splitlines()[-1],
+                     f"error: no checkpoint at step 7 in {workdir}/checkpoints; steps there: [1]")
+    self.assertNotIn("Traceback", missing.stderr)
+    self.assertFalse(os.path.exists(f"{out}_7"))
+    # Every exported file is readable like any file the process creates (0666 less the umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(out):
+      self.assertEqual(os.stat(os.path.join(out, name)).st_mode & 0o777, 0o666 & ~umask, name)
+    # The shared flags are listed by --help.
+    shown = subprocess.run([sys.executable, "-m", "launch.export", "--help"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300, check=False)
+    for flag in ("workdir", "step", "out", "master"):
+      self.assertRegex(shown.stdout + shown.stderr, rf"(?m)^\s+--(\[no\])?{flag}:")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,21 @@ class LaunchImportsTest(absltest.TestCase):
       module = importlib.import_module(f"launch.{p.stem}")
       self.assertTrue(callable(getattr(module, "main", None)), p.name)
 
+  def test_help_lists_the_shared_flags_an_entry_point_reads(self):
+    # Shared flags live in launch/common_flags.py; absl's --help lists only the main module's
+    # key flags, so each entry point declares the shared ones it reads.
+    for p in _entry_points():
+      text = p.read_text()
+      used = [name for attr, name in (("WORKDIR", "workdir"), ("STEP", "step"),
+                                      ("config_flag()", "config"))
+              if f"common_flags.{attr}" in text]
+      if not used:
+        continue
+      proc = subprocess.run([sys.executable, "-m", f"launch.{p.stem}", "--help"], cwd=_ROOT,
+                            capture_output=True, text=True, timeout=300, check=False)
+      for name in used:
+        self.assertRegex(proc.stdout + proc.stderr, rf"(?m)^\s+--{name}:", f"{p.name} --help")
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -66,6 +66,14 @@ def _shard_names(n: int) -> list[str]:
   return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
 
+def _readable_like_the_rest(path: str) -> None:
+  """Gives `path` the mode of a file `open()` creates (0666 less the umask): safetensors writes
+  its files 0600, which shared storage would not let others read."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(path, 0o666 & ~umask)
+
+
 def _write_tensors(tmp: str, specs: dict, flat: dict, shard_bytes: int) -> None:
   """Gathers and writes the tensors in name order, `shard_bytes` per file at most."""
   order = sorted(specs, key=lambda p: specs[p].name)
@@ -87,6 +95,7 @@ def _write_tensors(tmp: str, specs: dict, flat: dict, shard_bytes: int) -> None:
       total += host.nbytes
     if jax.process_index() == 0:
       save_file(tensors, os.path.join(tmp, name), metadata={"format": "pt"})
+      _readable_like_the_rest(os.path.join(tmp, name))
     weight_map.update({t: name for t in tensors})
     del tensors
   if len(names) > 1 and jax.process_index() == 0:
