@@ -85,17 +85,19 @@ def _restore(item: pathlib.Path):
 
 class MultihostTest(absltest.TestCase):
 
-  def _launch(self, tmp: pathlib.Path, name: str, *extra: str) -> list[str]:
-    """Runs the 2 processes to the end; returns their logs."""
+  def _launch(self, tmp: pathlib.Path, name: str, *extra: str,
+              module: str = "launch.train") -> list[str]:
+    """Runs the 2 processes of `module` to the end; returns their logs. `launch.train` gets
+    the test's config overrides, another module only `--workdir` and `extra`."""
     logs = tmp / name
-    env = dict(os.environ, PYTHON=sys.executable,
+    env = dict(os.environ, PYTHON=sys.executable, TRAIN_MODULE=module,
                JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.pop("XLA_FLAGS", None)  # the script gives each process its own 2 devices
     cmd = ["bash", str(ROOT / "launch" / "multihost_local.sh"), "-n", "2", "-d", "2",
            "-t", str(_LIMIT_S), "-l", str(logs), "--", f"--workdir={tmp / 'workdir'}",
-           *_OVERRIDES, *extra]
+           *(_OVERRIDES if module == "launch.train" else ()), *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -177,6 +179,14 @@ class MultihostTest(absltest.TestCase):
     p1, p2 = jax.tree.leaves(ws1["params"]), jax.tree.leaves(ws2["params"])
     self.assertTrue(any(not np.array_equal(a, b) for a, b in zip(p1, p2)))  # a step trained
     self.assertTrue(all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(rl4)))
+
+    # Both processes evaluate the last checkpoint, each reading only its parameters' shards
+    # (`Checkpointer.restore(only=...)`): the run's own final evaluation, exactly.
+    logs = self._launch(tmp, "evaluate", "--step=6",
+                        module="launch.evaluate")
+    self.assertIn("greedy pass@1", logs[0])
+    report = json.loads((workdir / "eval" / "step_6.json").read_text())
+    self.assertEqual(report["metrics"]["eval/pass_at_1"], last["eval/pass_at_1"])
 
 
 if __name__ == "__main__":
