@@ -22,11 +22,14 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import learner
 from agentic_grpo import train
+from agentic_grpo.agent import execution
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages as stages_lib
+from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.models import placement
 from agentic_grpo.replay import batching
+from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
 from experiments import code_debug
 from experiments import full_workflow
@@ -210,6 +213,30 @@ class TrainTest(parameterized.TestCase):
       writer.write({"step": 1, "eval/pass@1": 0.5})
     writer.write({"step": 1, "eval/pass_at_1": 0.5})
     self.assertEqual(writer.pass1, 0.5)
+
+  def test_the_sandbox_section_reaches_every_judge(self):
+    # What a stdio job runs under (`execution.program` reads the pool's limits) must be the
+    # `sandbox` section, through whatever wraps the pool: the training loop's per-batch counter
+    # and evaluation's.
+    cfg = _micro(tiny_codegen, **{"sandbox.cpu_s": 3.0, "sandbox.memory_mb": 300,
+                                  "sandbox.job_budget_s": 9.0, "sandbox.timeout_s": 1.5})
+    comp = train.build(cfg)
+    self.addCleanup(comp.pool.close)
+    want = cfg.sandbox.limits()
+    self.assertEqual((want.cpu_seconds, want.memory_bytes, want.stdio_budget_seconds,
+                      want.wall_seconds), (3.0, 300 * 2**20, 9.0, 1.5))
+    stdio_task = task_lib.Task("s/1", "Add.", "main", "main()",
+                               public_examples=(task_lib.Example(("1 2\n",), "3\n"),),
+                               hidden_tests=(task_lib.Example(("2 2\n",), "4\n"),),
+                               stdio=task_lib.StdioSpec())
+    judges = {"pool": comp.pool,
+              "training": streams.CountingPool(comp.workflow_factory().pool),
+              "evaluation": comp.make_workflow(streams.CountingPool(comp.pool)).pool}
+    for name, pool in judges.items():
+      self.assertEqual(pool.limits, want, name)
+      program = execution.program(stdio_task, "print(3)", stdio_task.public_examples, pool)
+      self.assertEqual((program.time_seconds, program.memory_bytes, program.budget_seconds),
+                       (3.0, 300 * 2**20, 9.0), name)
 
   def test_sample_fn_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 1.0})
