@@ -9,11 +9,11 @@ Release: on `release()` / leaving the `with` block (also on an exception), and, 
 kernel drops a process's `flock` locks when the process ends, on every other exit too: a signal
 (SIGTERM, SIGKILL), a crash, `os._exit`. A lock file left by a process that is gone is
 therefore never held, and the next run takes it over (logging the previous holder). On release
-the file is emptied; when it is the only thing in the workdir (a run refused before it wrote
-anything: a bad model checkpoint, a config drift) it is deleted, and so is the workdir if the
-lock created it, so a refused run leaves nothing behind. A run that opened the file before
-that deletion and locks it after finds the path gone or replaced and starts over, so two runs
-never hold different files of one path.
+the file is deleted (a workdir whose run ended cleanly holds no lock file), and so is the
+workdir if the lock created it and nothing else was written there (a run refused before it
+wrote anything: a bad model checkpoint, a config drift), so a refused run leaves nothing
+behind. A run that opened the file before that deletion and locks it after finds the path gone
+or replaced and starts over, so two runs never hold different files of one path.
 
 Supported workdirs: local file systems and NFSv4 (Linux emulates `flock` with NFS byte-range
 locks; the server frees the lock of a client that died when its lease ends, about 90 s).
@@ -140,25 +140,21 @@ class WorkdirLock:
     return self
 
   def release(self) -> None:
-    """Empties the lock file and unlocks it (idempotent). A workdir that holds nothing but the
-    lock file loses it (and is removed if `acquire` created it): nothing was written."""
+    """Deletes the lock file and unlocks it (idempotent); removes the workdir too if `acquire`
+    created it and nothing else was written there (a refused run leaves nothing behind)."""
     if self._fd is None:
       return
     fd, self._fd = self._fd, None
     try:
-      try:
-        only_the_lock = os.listdir(self.workdir) == [LOCK_FILE]
-      except OSError:  # the workdir was removed under the run: nothing to tidy
-        only_the_lock = False
-      if only_the_lock:
-        os.unlink(self.path)  # still locked: a run that opened it will see it gone
+      # Not a file that replaced ours, nor one of a workdir removed under the run (whose
+      # release must not raise: it would mask the run's own error).
+      if _same_file(fd, self.path):
+        os.unlink(self.path)  # still locked: a run that opened it will find it gone
         if self._created_dir:
           try:
             os.rmdir(self.workdir)
-          except OSError:  # another run created its lock file there meanwhile
+          except OSError:  # it holds the run, or another run's lock file created meanwhile
             pass
-      else:
-        os.ftruncate(fd, 0)
       fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
       os.close(fd)

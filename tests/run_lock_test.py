@@ -89,7 +89,7 @@ class RunLockTest(absltest.TestCase):
     out, _ = child.communicate(timeout=60)
     self.assertEqual(out.strip(), "LOCKED")
     self.assertEqual(child.returncode, 1)
-    self.assertEqual(run_lock.read_holder(os.path.join(workdir, run_lock.LOCK_FILE)), {})
+    self.assertFalse(os.path.exists(os.path.join(workdir, run_lock.LOCK_FILE)))
     with run_lock.WorkdirLock(workdir) as lock:
       self.assertTrue(lock.held)
 
@@ -108,13 +108,25 @@ class RunLockTest(absltest.TestCase):
     self.assertEqual(os.listdir(workdir), [])
     run_lock.WorkdirLock(workdir).acquire().release()
 
-  def test_release_keeps_a_workdir_that_holds_a_run(self):
+  def test_release_keeps_a_workdir_that_holds_a_run_and_deletes_the_lock_file(self):
+    root = self.create_tempdir().full_path
+    for workdir in (root, os.path.join(root, "created")):  # existing, or created by the lock
+      with run_lock.WorkdirLock(workdir) as lock:
+        pathlib.Path(workdir, "metrics.jsonl").write_text("{}\n")
+      self.assertFalse(lock.held)
+      self.assertEqual(os.listdir(workdir), ["metrics.jsonl"])
+
+  def test_release_never_deletes_a_lock_file_that_replaced_its_own(self):
     workdir = self.create_tempdir().full_path
-    with run_lock.WorkdirLock(workdir) as lock:
-      pathlib.Path(workdir, "metrics.jsonl").write_text("{}\n")
-    self.assertEqual(sorted(os.listdir(workdir)), [run_lock.LOCK_FILE, "metrics.jsonl"])
-    self.assertEqual(pathlib.Path(lock.path).read_text(), "")  # emptied: no holder
-    self.assertEqual(run_lock.read_holder(lock.path), {})
+    lock = run_lock.WorkdirLock(workdir).acquire()
+    os.unlink(lock.path)  # removed under the run, and another run took the path meanwhile
+    other = run_lock.WorkdirLock(workdir).acquire()
+    lock.release()
+    self.assertTrue(os.path.exists(other.path))
+    with self.assertRaises(run_lock.WorkdirLockedError):
+      run_lock.WorkdirLock(workdir).acquire()
+    other.release()
+    self.assertEqual(os.listdir(workdir), [])
 
   def test_release_of_a_workdir_removed_under_the_run(self):
     workdir = os.path.join(self.create_tempdir().full_path, "run")
