@@ -115,6 +115,10 @@ def _unflatten_host(flat: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
   return out
 
 
+class MissingCheckpointError(FileNotFoundError):
+  """No checkpoint at all, or none at the step asked for (the message lists the steps there)."""
+
+
 def policy_params_only(path: layout.Path) -> bool:
   """An `only` for `Checkpointer.restore` of a run's state tree (`{'state': TrainState, 'ref':
   params}`): the policy's parameters, nothing else (evaluation, export)."""
@@ -279,23 +283,32 @@ class Checkpointer:
                       self.directory)
     return choice
 
+  def require(self, step: int) -> int:
+    """`step`, checked to have a checkpoint here (its integrity is not checked: `restore` does
+    that). Every process must call it (process 0 decides).
+
+    Raises:
+      MissingCheckpointError: none at `step`; the message lists the steps there.
+    """
+    steps = self.all_steps()
+    if not _from_process_0(int(int(step) in steps) if jax.process_index() == 0 else 0):
+      raise MissingCheckpointError(f"no checkpoint at step {step} in {self.directory}; steps "
+                                   f"there: {steps}")
+    return int(step)
+
   def _resolve(self, step: Optional[int]) -> int:
     """`step` checked for existence and integrity, or the newest intact step when None.
 
     Raises:
-      FileNotFoundError: no checkpoint at all, or none at `step` (the message lists the steps
-        there).
+      MissingCheckpointError: no checkpoint at all, or none at `step`.
       CheckpointIntegrityError: checkpoint `step` is damaged.
     """
     if step is None:
       step = self.intact_step()
       if step is None:
-        raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        raise MissingCheckpointError(f"no checkpoint in {self.directory}")
       return step
-    steps = self.all_steps()
-    if not _from_process_0(int(int(step) in steps) if jax.process_index() == 0 else 0):
-      raise FileNotFoundError(f"no checkpoint at step {step} in {self.directory}; steps there: "
-                              f"{steps}")
+    step = self.require(step)
     ok = _from_process_0(int(not self.problems(step)) if jax.process_index() == 0 else 0)
     if not ok:
       detail = (integrity.describe(step, self.problems(step), None)
@@ -324,7 +337,7 @@ class Checkpointer:
     state. Verified like `restore`.
 
     Raises:
-      FileNotFoundError: when there is no checkpoint (at `step`).
+      MissingCheckpointError (a FileNotFoundError): no checkpoint (at `step`).
       CheckpointIntegrityError: as `restore`.
     """
     step = self._resolve(step)
@@ -358,7 +371,7 @@ class Checkpointer:
       `meta`.
 
     Raises:
-      FileNotFoundError: when there is no checkpoint, or none at `step`.
+      MissingCheckpointError (a FileNotFoundError): no checkpoint, or none at `step`.
       CheckpointIntegrityError: checkpoint `step` is damaged, or (`step=None`) checkpoints exist
         but none is intact; the message names each damaged step and file.
       ValueError: the checkpoint was written by a different number of processes.

@@ -145,7 +145,7 @@ class CheckpointEvaluationTest(absltest.TestCase):
       eval_only.with_overrides(cfg, num_samples=2)
 
   def test_errors_name_what_is_missing(self):
-    with self.assertRaisesRegex(eval_only.MissingCheckpointError,
+    with self.assertRaisesRegex(checkpointing.MissingCheckpointError,
                                 r"no checkpoint at step 99 .*steps there: \[1, 2, 3, 4\]"):
       eval_only.evaluate_checkpoint(self.workdir, 99, pool=self.pool)
     missing = os.path.join(self.create_tempdir().full_path, "nope")
@@ -156,7 +156,7 @@ class CheckpointEvaluationTest(absltest.TestCase):
       eval_only.evaluate_checkpoint(empty, pool=self.pool)
     with open(os.path.join(empty, "config.json"), "w") as f:
       json.dump(config_lib.to_dict(_micro_config()), f)
-    with self.assertRaisesRegex(eval_only.MissingCheckpointError, r"no checkpoint in"):
+    with self.assertRaisesRegex(checkpointing.MissingCheckpointError, r"no checkpoint in"):
       eval_only.evaluate_checkpoint(empty, pool=self.pool)
     with self.assertRaisesRegex(eval_only.WorkdirError, r"holds a run's checkpoints"):
       eval_only.evaluate_model(_micro_config(), self.workdir, pool=self.pool)

@@ -56,10 +56,6 @@ class WorkdirError(ValueError):
   that a model evaluation would sit beside)."""
 
 
-class MissingCheckpointError(FileNotFoundError):
-  """No checkpoint at the asked step; the message lists the steps there."""
-
-
 def saved_config(workdir: str) -> config_lib.TrainConfig:
   """The run's `config.json`, validated.
 
@@ -106,22 +102,17 @@ def checkpoint_step(workdir: str, step: Optional[int]) -> int:
   """The step to evaluate: `step`, checked to be there, or the newest intact one when None.
 
   Raises:
-    MissingCheckpointError: no checkpoint at all, or none at `step` (listing the steps there).
+    checkpointing.MissingCheckpointError: no checkpoint at all, or none at `step` (listing the
+      steps there).
     checkpointing.CheckpointIntegrityError: checkpoints exist but none is intact (`step` None),
       or checkpoint `step` is damaged.
   """
   directory = os.path.join(workdir, "checkpoints")
   if not checkpointing.Checkpointer.exists(directory):
-    raise MissingCheckpointError(f"no checkpoint in {directory}")
+    raise checkpointing.MissingCheckpointError(f"no checkpoint in {directory}")
   ckpt = checkpointing.Checkpointer(directory)
   try:
-    steps = ckpt.all_steps()
-    if step is None:
-      return int(ckpt.intact_step())
-    if step not in steps:
-      raise MissingCheckpointError(f"no checkpoint at step {step} in {directory}; steps there: "
-                                   f"{steps}")
-    return int(step)
+    return int(ckpt.intact_step()) if step is None else ckpt.require(step)
   finally:
     ckpt.close()
 
@@ -143,8 +134,8 @@ def evaluate_checkpoint(workdir: str, step: Optional[int] = None, *,
     The record written to `eval/step_<N>.json` (see `_record`).
 
   Raises:
-    WorkdirError, MissingCheckpointError, checkpointing.CheckpointIntegrityError: see
-      `saved_config` and `checkpoint_step`.
+    WorkdirError, checkpointing.MissingCheckpointError,
+      checkpointing.CheckpointIntegrityError: see `saved_config` and `checkpoint_step`.
     ValueError: an invalid config, or a checkpoint whose shapes are not the config's.
   """
   cfg = cfg if cfg is not None else saved_config(workdir)
