@@ -119,10 +119,10 @@ class MissingCheckpointError(FileNotFoundError):
   """No checkpoint at all, or none at the step asked for (the message lists the steps there)."""
 
 
-def policy_params_only(path: layout.Path) -> bool:
+def state_field(name: str) -> Callable[[layout.Path], bool]:
   """An `only` for `Checkpointer.restore` of a run's state tree (`{'state': TrainState, 'ref':
-  params}`): the policy's parameters, nothing else (evaluation, export)."""
-  return path[:2] == ("state", "params")
+  params}`): one field of the learner state, e.g. `params` (evaluation, export) or `master`."""
+  return lambda path: path[:2] == ("state", name)
 
 
 class Checkpointer:

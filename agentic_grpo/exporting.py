@@ -15,7 +15,6 @@ import json
 import os
 
 from absl import logging
-import jax
 import jax.numpy as jnp
 
 from agentic_grpo import checkpointing
@@ -60,16 +59,13 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   optimizer = learner.make_optimizer(cfg.optim)
   sm, sh = learner.learner_shardings(source.model_config, mesh, optimizer, cfg.mesh.rules(),
                                      with_reference=with_ref)
-  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), sm.abstract_params)
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       jax.eval_shape(lambda p: learner.init_state(p, optimizer, 0), plain),
-                       sh.state)
+  state = learner.abstract_state(sm.abstract_params, optimizer, sh.state)
   abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
   field = "master" if master and state.master is not None else "params"
   # One field of the learner state: the rest stays on disk, so exporting needs the memory of
   # the parameters alone.
   restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS,
-                                   only=lambda path: path[:2] == ("state", field))
+                                   only=checkpointing.state_field(field))
   return cfg, source, int(meta["step"]), getattr(restored["state"], field)
 
 

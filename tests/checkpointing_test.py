@@ -87,7 +87,7 @@ class CheckpointingTest(absltest.TestCase):
     abstract = {"state": learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0),
                 "ref": transformer.init_model(cfg, 1)[1]}
     got, _, _ = ck.restore(None, abstract,
-                           only=checkpointing.policy_params_only)
+                           only=checkpointing.state_field("params"))
     self.assertEqual(jax.tree.structure(got["state"].params), jax.tree.structure(params))
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got["state"].params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -261,7 +261,7 @@ class EarlierLayoutTest(parameterized.TestCase):
         transformer.init_model(_tiny(jnp.bfloat16), 1)[1], opt, 0)}
     got, _, _ = checkpointing.Checkpointer(directory).restore(
         None, abstract, derivations=learner.STATE_DERIVATIONS,
-        only=checkpointing.policy_params_only)
+        only=checkpointing.state_field("params"))
     for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(got["state"].params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     leaves = jax.tree.leaves([got["state"].master, got["state"].opt_state])

@@ -46,6 +46,7 @@ default everything is replicated on a one-device mesh.
 from agentic_grpo.learner.shardings import learner_shardings
 from agentic_grpo.learner.shardings import Shardings
 from agentic_grpo.learner.shardings import TreeShardings
+from agentic_grpo.learner.state import abstract_state
 from agentic_grpo.learner.state import check_skipped_updates
 from agentic_grpo.learner.state import from_master
 from agentic_grpo.learner.state import init_state

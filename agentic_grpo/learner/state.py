@@ -134,6 +134,17 @@ def init_state(params, optimizer: optax.GradientTransformation, seed: int, *,
                     master=master)
 
 
+def abstract_state(abstract_params, optimizer: optax.GradientTransformation,
+                   state_shardings) -> TrainState:
+  """The `TrainState` that `init_state` would build from parameters shaped like
+  `abstract_params`, as `jax.ShapeDtypeStruct`s placed by `state_shardings`
+  (`Shardings.state`): a restore target built without allocating a state."""
+  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract_params)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      jax.eval_shape(lambda p: init_state(p, optimizer, 0), plain),
+                      state_shardings)
+
+
 def nonfinite_count(state: TrainState) -> int:
   """Updates skipped so far because their gradients were not finite."""
   return int(state.opt_state.total_notfinite)

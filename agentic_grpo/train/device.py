@@ -111,15 +111,11 @@ def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[A
   meta = ckpt.read_meta(step)
   with_ref = comp.cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
   abstract_params = comp.sharded_model.abstract_params
-  plain = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract_params)
-  state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      jax.eval_shape(lambda p: learner.init_state(p, rl_optimizer(comp.cfg), 0), plain),
-      comp.shardings.state)
+  state = learner.abstract_state(abstract_params, rl_optimizer(comp.cfg), comp.shardings.state)
   abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
   try:
     restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS,
-                                     only=checkpointing.policy_params_only)
+                                     only=checkpointing.state_field("params"))
   except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
     raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
                      f"(another model shape?): {e}") from e
