@@ -64,6 +64,19 @@ class GroupAdvantagesTest(parameterized.TestCase):
     adv = advantages.group_advantages(jnp.array([0.0, 0.001, 0.0, 0.0]))
     self.assertGreater(float(adv[1]), 1.0)
 
+  def test_tied_groups_are_the_zero_advantage_groups(self):
+    r = jnp.array([[0.7, 0.7, 0.7], [0.1 + 0.2, 0.3, 0.3], [1.0, 0.0, 1.0], [1.0, 5.0, 2.0],
+                   [0.0, 1.0, 0.0]])
+    valid = jnp.array([[True] * 3, [True] * 3, [True] * 3, [False, True, False],
+                       [True, False, True]])
+    tied = advantages.tied_groups(r, valid)
+    np.testing.assert_array_equal(np.asarray(tied), [True, True, False, True, True])
+    adv = np.asarray(advantages.group_advantages(r, valid))
+    np.testing.assert_array_equal(np.asarray(tied), np.all(adv == 0.0, axis=-1))
+    np.testing.assert_array_equal(np.asarray(advantages.tied_groups(r[2])), False)
+    with self.assertRaisesRegex(ValueError, "valid must have shape"):
+      advantages.tied_groups(r, valid[:, :2])
+
   def test_jit_and_batch_axes(self):
     r = jax.random.uniform(jax.random.PRNGKey(0), (2, 3, 4))
     jitted = jax.jit(advantages.group_advantages, static_argnames=("scale",))

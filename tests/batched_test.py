@@ -55,6 +55,18 @@ class BatchedTest(parameterized.TestCase):
     np.testing.assert_array_equal([table[v] for v in distinct], eager)
     self.assertEqual(batched.staleness_table([], 3, max_staleness=4, mode=mode), {})
 
+  @parameterized.parameters(1, 3, 5)
+  def test_tied_groups_equal_eager(self, b):
+    rewards, valid, _, _ = _inputs(b, s=1, seed=20 + b)
+    rewards, valid = rewards[..., 0], valid[..., 0]
+    rewards[0] = 0.5  # one group tied for certain
+    got = batched.tied_groups(rewards, valid)
+    self.assertEqual(got.shape, (b,))
+    self.assertTrue(got[0])
+    np.testing.assert_array_equal(got, np.asarray(advantages.tied_groups(rewards, valid)))
+    with self.assertRaisesRegex(ValueError, "must both be"):
+      batched.tied_groups(rewards, valid[:, :2])
+
   def test_bad_inputs(self):
     rewards, valid, final, applied = _inputs(2)
     with self.assertRaisesRegex(ValueError, "stage must be in"):

@@ -40,6 +40,49 @@ def _check_valid(valid: Optional[jax.Array], shape: tuple[int, ...], name: str =
   return valid
 
 
+def _check_rewards(rewards) -> jax.Array:
+  rewards = jnp.asarray(rewards)
+  if rewards.ndim < 1:
+    raise ValueError(f"rewards must have a group axis, got shape {tuple(rewards.shape)}")
+  if not jnp.issubdtype(rewards.dtype, jnp.floating):
+    raise ValueError(f"rewards must be a float array, got dtype {rewards.dtype}")
+  return rewards
+
+
+def tied_groups(rewards: jax.Array, valid: Optional[jax.Array] = None) -> jax.Array:
+  """Which groups carry no learning signal: their valid rewards are all equal.
+
+  The degenerate groups of `group_advantages` (which gives them advantage exactly 0): valid
+  rewards equal up to a few ulps of the input dtype (relative to their magnitude), a single
+  valid member, or none.
+
+  Args:
+    rewards: `[..., G]` float (f32, bf16 or f16); the group is the last axis.
+    valid: optional `[..., G]` bool; False excludes a member.
+
+  Returns:
+    `[...]` bool, True for a tied group (no gradient).
+
+  Raises:
+    ValueError: for a non-float or scalar `rewards`, or a `valid` of another shape or dtype.
+  """
+  rewards = _check_rewards(rewards)
+  return _degenerate(rewards, _check_valid(valid, rewards.shape))[..., 0]
+
+
+def _degenerate(rewards: jax.Array, valid: jax.Array) -> jax.Array:
+  """`[..., 1]` bool: `tied_groups` with the group axis kept (inputs checked)."""
+  ulp = float(jnp.finfo(rewards.dtype).eps)
+  r = rewards.astype(jnp.float32)
+  count = valid.sum(-1, keepdims=True)
+  big = jnp.finfo(jnp.float32).max
+  r_max = jnp.where(valid, r, -big).max(-1, keepdims=True)
+  r_min = jnp.where(valid, r, big).min(-1, keepdims=True)
+  magnitude = jnp.maximum(jnp.maximum(jnp.abs(r_max), jnp.abs(r_min)), 1.0)
+  spread = jax.lax.stop_gradient(r_max - r_min)
+  return (count < 2) | (spread <= _EQUAL_ULPS * ulp * jax.lax.stop_gradient(magnitude))
+
+
 def group_advantages(
     rewards: jax.Array,
     valid: Optional[jax.Array] = None,
@@ -53,7 +96,7 @@ def group_advantages(
   members of the group (GRPO, Shao et al., 2024), or `r - mean` with `scale="none"` (Dr. GRPO,
   Liu et al., 2025).
 
-  Degenerate groups get advantage exactly 0, with a finite (zero) gradient: groups whose valid
+  Degenerate groups (`tied_groups`) get advantage exactly 0, with a finite (zero) gradient: groups whose valid
   rewards are equal up to a few ulps of the input dtype (so `0.1 + 0.2` and `0.3` count as equal,
   in f32 and bf16 alike), groups with a single valid member, and groups with no valid member.
   Invalid members get advantage 0 and do not enter the statistics.
@@ -72,29 +115,17 @@ def group_advantages(
       unknown `scale`, or a non-positive `eps`.
   """
   core_types.check_choice("scale", scale, SCALES)
-  rewards = jnp.asarray(rewards)
-  if rewards.ndim < 1:
-    raise ValueError(f"rewards must have a group axis, got shape {tuple(rewards.shape)}")
-  if not jnp.issubdtype(rewards.dtype, jnp.floating):
-    raise ValueError(f"rewards must be a float array, got dtype {rewards.dtype}")
+  rewards = _check_rewards(rewards)
   if scale == "std" and not eps > 0:
     raise ValueError(f"eps must be > 0, got {eps}")
   valid = _check_valid(valid, rewards.shape)
 
-  ulp = float(jnp.finfo(rewards.dtype).eps)
   r = rewards.astype(jnp.float32)
   w = valid.astype(jnp.float32)
-  count = w.sum(-1, keepdims=True)
-  safe_count = jnp.maximum(count, 1.0)
+  safe_count = jnp.maximum(w.sum(-1, keepdims=True), 1.0)
   mean = (r * w).sum(-1, keepdims=True) / safe_count
   centered = jnp.where(valid, r - mean, 0.0)
-
-  big = jnp.finfo(jnp.float32).max
-  r_max = jnp.where(valid, r, -big).max(-1, keepdims=True)
-  r_min = jnp.where(valid, r, big).min(-1, keepdims=True)
-  magnitude = jnp.maximum(jnp.maximum(jnp.abs(r_max), jnp.abs(r_min)), 1.0)
-  spread = jax.lax.stop_gradient(r_max - r_min)
-  degenerate = (count < 2) | (spread <= _EQUAL_ULPS * ulp * jax.lax.stop_gradient(magnitude))
+  degenerate = _degenerate(rewards, valid)
 
   if scale == "std":
     var = (centered**2).sum(-1, keepdims=True) / safe_count

@@ -7,7 +7,9 @@ operations:
 
 * `stage_advantages`: the provisional advantages of one stage of B groups;
 * `outcome_credit`: the targets `A*` and corrections `Δ = A* − Â_applied` of B finished groups;
-* `staleness_table`: the staleness weights of a batch's distinct policy versions.
+* `staleness_table`: the staleness weights of a batch's distinct policy versions;
+* `tied_groups`: which of B groups' rewards tie (no learning signal), for the agent loop's
+  `signal/...` metrics.
 
 Group counts and version counts are padded to powers of two (padding groups are invalid, so they
 touch no statistic of a real group; padding versions are the current one), so each call compiles
@@ -141,3 +143,32 @@ def staleness_table(versions, current_version: int, *, max_staleness: int,
   w = np.asarray(_staleness(padded, np.int64(current_version), max_staleness=max_staleness,
                             mode=mode), np.float32)
   return dict(zip(distinct, w[:len(distinct)]))
+
+
+@jax.jit
+def _tied_groups(rewards, valid):
+  return advantages_lib.tied_groups(rewards, valid)
+
+
+def tied_groups(rewards: np.ndarray, valid: np.ndarray) -> np.ndarray:
+  """`core.advantages.tied_groups` of B groups in one jitted call.
+
+  Args:
+    rewards: `[B, G]` float32 rewards (one stage's, or the final ones).
+    valid: `[B, G]` bool; False excludes a member.
+
+  Returns:
+    `[B]` bool NumPy: True where the group's valid rewards are all equal (or fewer than two
+    members are valid), i.e. its group-relative advantages are all 0.
+
+  Raises:
+    ValueError: shapes that differ or are not `[B, G]`.
+  """
+  rewards = np.asarray(rewards, np.float32)
+  valid = np.asarray(valid, bool)
+  if rewards.ndim != 2 or valid.shape != rewards.shape:
+    raise ValueError(f"rewards and valid must both be [B, G], got {rewards.shape} and "
+                     f"{valid.shape}")
+  b = rewards.shape[0]
+  out = _tied_groups(_pad_groups(rewards, _pow2(b), 0.0), _pad_groups(valid, _pow2(b), False))
+  return np.asarray(out)[:b]
