@@ -35,6 +35,7 @@ class ScriptedSampler:
 
   def __init__(self, hang_code=False):
     self.hang_code = hang_code
+    self.right = lambda i: i % 2 == 0  # which rows write the reference output
     self.calls = 0
     self.emitted = []  # per call: list of generated id arrays
     self.wf = workflow_lib.Workflow(workflow_config.WorkflowConfig())
@@ -58,7 +59,7 @@ class ScriptedSampler:
       task = self._task(text)
       k = sum(t in self.closes for t in ctx)
       stage = self.wf.stages[k]
-      if i % 2 == 0:
+      if self.right(i):
         body = references.reference_outputs(self.wf, task)[k]
       elif self.hang_code and stage.kind == "code":
         body = HANG + stage.close_token
@@ -147,6 +148,20 @@ class LoopTest(parameterized.TestCase):
     self.assertEqual(kinds["correction"], B * G)  # One packed row per episode.
     self.assertEqual(agent.counters["episodes"], B * G)
     self.assertEqual(replay.num_pending_episodes, B * G)  # Only the next batch's.
+
+  def test_tied_groups_are_counted_per_stage_and_final(self):
+    # Group 0 writes the reference everywhere (every reward 1: tied), group 1 alternates.
+    sampler = ScriptedSampler()
+    sampler.right = lambda i: i < G or i % 2 == 0
+    agent, _, _ = self._loop(sampler, in_flight=1)
+    seen = {}
+    for _ in range(2 * agent.num_stages + 1):
+      seen.update(agent.step(None, 0))
+    self.assertEqual(seen["reward/hypothesis"], 0.75)
+    for name in ("hypothesis", "code", "final"):
+      self.assertEqual(seen[f"signal/tied_groups_{name}"], 0.5, name)
+    self.assertEqual(agent.counters["tied_groups_final"], 1)
+    self.assertEqual(agent.counters["episodes"], B * G)
 
   # 7 steps: a job in flight, nothing harvested yet in its batch; 11: harvested stages that the
   # restore replays in the sandbox.

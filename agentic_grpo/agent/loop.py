@@ -54,6 +54,7 @@ from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import inflight
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.core import batched
 from agentic_grpo.tasks import task as task_lib
 
 # `sample_fn(params, prompts [N, P] int32 right-padded, prompt_lengths [N], rng_counter, greedy)
@@ -264,20 +265,32 @@ class AgentLoop:
     self.replay.add_stage(slot.episode_ids, k, rows, masks, blps, sampled.version,
                           result.rewards, valid)
     slot.history.append(sampled)
+    scored = sampled.sampled & result.valid
     metrics = {f"reward/{name}": float(np.mean(result.rewards[result.valid]))
                if result.valid.any() else 0.0,
                f"parsed/{name}": float(np.mean(result.parsed)),
+               f"signal/tied_groups_{name}": float(np.mean(self._tied(result.rewards, scored))),
                "generated_tokens": float(sum(len(g) for g in sampled.gen))}
     if k == self.num_stages - 1:
       final = follow
       self.replay.finish(slot.episode_ids, final.rewards)
       slot.done = True
+      tied = self._tied(final.rewards, np.ones(self.num_rows, bool))
       metrics["reward/final"] = float(np.mean(final.rewards))
       metrics["train/pass_rate"] = float(np.mean(final.rewards >= 1.0))
+      metrics["signal/tied_groups_final"] = float(np.mean(tied))
       self.counters["episodes"] += self.num_rows
+      self.counters["tied_groups_final"] += int(tied.sum())
     else:
       slot.context = [list(r) + list(self.tokenizer.encode(o)) for r, o in zip(rows, follow)]
     return metrics
+
+  def _tied(self, rewards: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """`[B]` bool: which of a batch's groups (rows `b·G .. b·G + G - 1`) have tied rewards
+    among their `valid` members (`core.advantages.tied_groups`: no learning signal)."""
+    shape = (self.B, self.G)
+    return batched.tied_groups(np.asarray(rewards, np.float32).reshape(shape),
+                               np.asarray(valid, bool).reshape(shape))
 
   def _abandon(self, slot: inflight.InFlightBatch) -> dict[str, float]:
     """Reports a failed batch's remaining stages as skipped and its final rewards as 0."""
