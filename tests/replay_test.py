@@ -507,5 +507,94 @@ class PackedGradientTest(parameterized.TestCase):
     self.assertTrue(np.any(got[earlier] == 0.0))
 
 
+def _run_groups(replay, stage_r, final_r, seed=0):
+  """Runs `[B, G, S]` stage rewards and `[B, G]` final rewards through `replay` (group `b` has
+  episodes `b·G ..`), draining after every stage and at the end; returns every taken segment
+  as `(episode, stage, advantage)` and the per-segment totals."""
+  num_groups = stage_r.shape[0]
+  ids = np.arange(num_groups * G).reshape(num_groups, G)
+  eps = _Episodes(np.random.default_rng(seed), ids.ravel())
+  for b in range(num_groups):
+    replay.add_group(b, ids[b])
+  taken = []
+  for k in range(replay.num_stages):
+    toks, masks, blps = eps.stage(ids.ravel())
+    replay.add_stage(ids.ravel(), k, toks, masks, blps, k, stage_r[..., k].ravel())
+    taken += [seg for batch in _drain(replay, k) for seg in batch.segments]
+  replay.finish(ids.ravel(), final_r.ravel())
+  taken += [seg for batch in _drain(replay, replay.num_stages) for seg in batch.segments]
+  total = collections.defaultdict(float)
+  for e, k, a in taken:
+    total[(e, k)] += a
+  return sorted((e, k, round(a, 5)) for e, k, a in taken), total
+
+
+class GroupFilterTest(parameterized.TestCase):
+  """`drop_tied_groups` (dynamic sampling) and `pass_rate_band` (the pass-rate filter)."""
+
+  # Group 0 ties everywhere; group 1 ties at stage 0 only; group 2 ties nowhere.
+  STAGE_R = np.array([[[1, 0, 1]] * G,
+                      [[0, 1, 0], [0, 0, 1], [0, 1, 1], [0, 0, 0]],
+                      [[1, 0, 0], [0, 1, 0], [1, 1, 1], [0, 0, 1]]], np.float32)
+  FINAL_R = np.array([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], np.float32)
+
+  @parameterized.product(stage_credit=("immediate", "post_hoc"), stage_rewards=(True, False),
+                         skip_zero=(True, False), baseline=("none", "previous_stage"))
+  def test_tied_groups_ready_nothing_and_are_counted(self, stage_credit, stage_rewards,
+                                                     skip_zero, baseline):
+    opts = dict(stage_credit=stage_credit, stage_rewards=stage_rewards,
+                skip_zero_advantage=skip_zero, baseline=baseline)
+    want, _ = _run_groups(_make(**opts), self.STAGE_R, self.FINAL_R)
+    replay = _make(drop_tied_groups=True, **opts)
+    got, _ = _run_groups(replay, self.STAGE_R, self.FINAL_R)
+    # Without the filter, the tied group's rows (and group 1's tied stage 0) are the zero rows
+    # skip_zero_advantage=False keeps; with it, nothing of them.
+    dropped = lambda e, k, a: e < G or (stage_rewards and e < 2 * G and k == 0 and a == 0.0)
+    self.assertEqual(got, [seg for seg in want if not dropped(*seg)])
+    if not skip_zero:
+      self.assertTrue(any(e < G for e, _, _ in want))
+    self.assertFalse(any(a == 0.0 for e, k, a in got if e < 2 * G and k == 0 and stage_rewards))
+    self.assertEqual(replay.counters["dynamic_sampling_dropped_groups"], 1)
+    self.assertNotIn("dynamic_sampling_dropped_groups", _make(**opts).counters)
+
+  @parameterized.product(stage_credit=("immediate", "post_hoc"), correction=(True, False),
+                         stage_rewards=(True, False))
+  def test_pass_rate_band_withdraws_the_credit_of_groups_outside_it(self, stage_credit,
+                                                                   correction, stage_rewards):
+    opts = dict(stage_credit=stage_credit, correction=correction, stage_rewards=stage_rewards,
+                skip_zero_advantage=False)
+    stage_r = self.STAGE_R.copy()
+    stage_r[0, 0] = [0, 1, 0]  # every group with stage signal
+    _, want = _run_groups(_make(**opts), stage_r, self.FINAL_R)
+    replay = _make(pass_rate_band=(0.3, 0.9), **opts)  # groups 0 (1.0) and 1 (0.25) outside
+    got_rows, got = _run_groups(replay, stage_r, self.FINAL_R)
+    self.assertEqual(replay.counters["pass_rate_filtered_groups"], 2)
+    provisional = np.asarray(advantages_lib.provisional_advantages(stage_r)).reshape(-1, S)
+    for e in range(3 * G):
+      for k in range(S):
+        if e >= 2 * G:  # inside the band: as without the filter
+          self.assertAlmostEqual(got.get((e, k), 0.0), want[(e, k)], places=5)
+        elif stage_rewards and stage_credit == "immediate" and not correction:
+          # Applied at once and never corrected: the provisional update stays.
+          self.assertAlmostEqual(got.get((e, k), 0.0), float(provisional[e, k]), places=5)
+        else:
+          self.assertAlmostEqual(got.get((e, k), 0.0), 0.0, places=5, msg=f"{e}, {k}")
+    if stage_credit == "post_hoc" or not stage_rewards:
+      # Nothing was applied before the outcome: the filtered groups ready no row at all.
+      self.assertEqual([seg for seg in got_rows if seg[0] < 2 * G], [])
+
+  def test_the_whole_band_filters_nothing(self):
+    want, _ = _run_groups(_make(skip_zero_advantage=False), self.STAGE_R, self.FINAL_R)
+    replay = _make(skip_zero_advantage=False, pass_rate_band=(0.0, 1.0))
+    got, _ = _run_groups(replay, self.STAGE_R, self.FINAL_R)
+    self.assertEqual(got, want)
+    self.assertEqual(replay.counters["pass_rate_filtered_groups"], 0)
+
+  def test_bad_band(self):
+    for band in ((0.5, 0.2), (0.1,), (-0.1, 0.5), (0.2, 1.5)):
+      with self.assertRaisesRegex(ValueError, r"pass_rate_band must be \(lo, hi\)"):
+        _make(pass_rate_band=band)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -13,6 +13,10 @@ it, and the stage reward.
 * `stage_credit="post_hoc"` holds a group's provisional items until its final rewards, then
   readies them ahead of its corrections (`credit.held_items`): dense stage credit without
   immediacy (arm 2 of DESIGN.md §7). The default `"immediate"` readies them at once.
+* `drop_tied_groups` (DAPO's dynamic sampling) readies nothing from a group's stage whose
+  advantages are all 0, nor from a finished group without any non-zero advantage, and counts
+  the latter; `pass_rate_band` withdraws the credit of finished groups whose pass rate lies
+  outside the band (`credit`'s module docstring has both).
 * `take` hands the learner a fixed-shape batch (`batching.take`), applying the staleness rule
   (`core.correction.staleness_weights`): segments older than `max_staleness` policy versions are
   dropped (mode `drop`) or down-weighted (mode `linear`), and counted.
@@ -64,6 +68,8 @@ class StagedReplay:
       skip_zero_advantage: bool = True,
       pack_corrections: bool = True,
       stage_credit: str = "immediate",
+      drop_tied_groups: bool = False,
+      pass_rate_band: Optional[Sequence[float]] = None,
   ):
     """Creates an empty replay.
 
@@ -91,6 +97,17 @@ class StagedReplay:
       stage_credit: when provisional items become ready, from `credit.STAGE_CREDIT`:
         `immediate` (when the group completes the stage) or `post_hoc` (held until the group's
         final rewards, then released).
+      drop_tied_groups: ready no item from a group's stage whose provisional advantages are
+        all 0, nor from a finished group whose every advantage (provisional and target) is 0,
+        even when `skip_zero_advantage` is False; count such groups
+        (`counters["dynamic_sampling_dropped_groups"]`). DAPO's dynamic sampling (Yu et al.,
+        2025, §3.2) at the level of rows; the trainer keeps the updates full
+        (`train.rl_phase`).
+      pass_rate_band: `(lo, hi)` with `0 <= lo <= hi <= 1`, or None (off): a finished group
+        whose pass rate (mean final reward) lies outside `[lo, hi]` gets the target advantage 0
+        on every segment: no final or held item, and corrections that withdraw the provisional
+        updates it received (with `correction`); counted
+        (`counters["pass_rate_filtered_groups"]`).
 
     Raises:
       ValueError: naming the first bad argument.
@@ -109,6 +126,12 @@ class StagedReplay:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     if not 0.0 <= gamma <= 1.0:
       raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if pass_rate_band is not None:
+      band = tuple(float(v) for v in pass_rate_band)
+      if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
+        raise ValueError(f"pass_rate_band must be (lo, hi) with 0 <= lo <= hi <= 1, got "
+                         f"{pass_rate_band}")
+      pass_rate_band = band
     if capacity < group_size * num_stages:
       raise ValueError(f"capacity must be >= group_size * num_stages = "
                        f"{group_size * num_stages}, got {capacity}")
@@ -128,6 +151,8 @@ class StagedReplay:
     self.skip_zero_advantage = bool(skip_zero_advantage)
     self.pack_corrections = bool(pack_corrections)
     self.stage_credit = stage_credit
+    self.drop_tied_groups = bool(drop_tied_groups)
+    self.pass_rate_band = pass_rate_band
     self._groups: dict[int, records.PendingGroup] = {}
     self._episodes: dict[int, records.PendingEpisode] = {}
     self._ready: collections.deque[records.Item] = collections.deque()
@@ -260,7 +285,8 @@ class StagedReplay:
     grid = [[self._episodes[e].segments[:stage + 1] for e in eps] for eps in members]
     items = credit.provisional_items(grid, members, stage, scale=self.scale,
                                      baseline=self.baseline,
-                                     skip_zero_advantage=self.skip_zero_advantage)
+                                     skip_zero_advantage=self.skip_zero_advantage,
+                                     drop_tied=self.drop_tied_groups)
     if self.stage_credit == "post_hoc":
       return 0  # held: `applied` is recorded on the segments, released by `_emit_corrections`
     self._ready.extend(items)
@@ -308,19 +334,34 @@ class StagedReplay:
     """Releases finished groups, readying their corrections (one advantage call for all)."""
     ids = [self._groups.pop(g).episodes for g in group_ids]
     eps = [[self._episodes.pop(e) for e in row] for row in ids]
+    grid = [[ep.segments for ep in row] for row in eps]
+    final = np.array([[ep.final_reward for ep in row] for row in eps], np.float32)
+    # The group filters (off: None, and everything below is as without them).
+    stage_tied = filtered = drop = None
+    if self.drop_tied_groups:
+      stage_tied = (credit.stage_ties(grid, scale=self.scale, baseline=self.baseline)
+                    if self.stage_rewards else np.ones((len(ids), self.num_stages), bool))
+      drop = stage_tied
+    if self.pass_rate_band is not None:
+      filtered = credit.outside_band(final, self.pass_rate_band)
+      drop = filtered[:, None] if drop is None else drop | filtered[:, None]
     held = []
     if self.stage_credit == "post_hoc" and self.stage_rewards:
-      held = credit.held_items([[ep.segments for ep in row] for row in eps], ids,
-                               skip_zero_advantage=self.skip_zero_advantage)
+      held = credit.held_items(grid, ids, skip_zero_advantage=self.skip_zero_advantage,
+                               drop=None if drop is None else np.broadcast_to(
+                                   drop, (len(ids), self.num_stages)))
       self._ready.extend(held)
       self.counters["provisional_items"] += len(held)
+      if filtered is not None:  # held items never released: nothing to withdraw
+        for row in (r for r, f in zip(grid, filtered) if f):
+          for segment in (s for ep in row for s in ep):
+            segment.applied = 0.0
     items = credit.correction_items(
-        [[ep.segments for ep in row] for row in eps],
-        np.array([[ep.final_reward for ep in row] for row in eps], np.float32), ids,
+        grid, final, ids,
         target_mode=self.target_mode, gamma=self.gamma, beta=self.beta, scale=self.scale,
         baseline=self.baseline, correction=self.correction,
         skip_zero_advantage=self.skip_zero_advantage, pack=self.pack_corrections,
-        counters=self.counters)
+        counters=self.counters, stage_tied=stage_tied, filtered=filtered)
     self._ready.extend(items)
     self.counters["correction_items"] += len(items)
     self._enforce_capacity()
