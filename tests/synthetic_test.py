@@ -79,6 +79,26 @@ class GrammarTest(parameterized.TestCase):
     self.assertGreater(found, 24)
     self.assertIsNone(synthetic.near_miss(dataclasses.replace(task, metadata={})))
 
+  def test_teacher_confusions_are_systematic_substitutions(self):
+    for p in synthetic.PRIMITIVES:
+      q = synthetic.CONFUSIONS[p.name]
+      self.assertIsNot(q, p)
+      self.assertEqual((q.in_type, q.out_type), (p.in_type, p.out_type), p.name)
+    self.assertEqual(synthetic.CONFUSIONS["add1"].name, "add2")
+    self.assertEqual(synthetic.CONFUSIONS["add3"].name, "add1")  # Cyclic in the family.
+    self.assertEqual(synthetic.CONFUSIONS["max"].name, "min")
+    tasks = synthetic.SyntheticTasks(synthetic.SyntheticConfig(depths=(1, 2)))
+    for i in range(16):
+      task = tasks.task("train", i)
+      program = synthetic.parse_program(task.metadata["program"])
+      wrong = synthetic.teacher_confusion(task)
+      self.assertEqual(wrong.prims[:-1], program.prims[:-1])  # Only the last one changes.
+      self.assertEqual(wrong.prims[-1], synthetic.CONFUSIONS[program.prims[-1].name])
+      self.assertIn(wrong.key, {q.key for q in synthetic.neighbors(program)})
+    self.assertIsNone(synthetic.teacher_confusion(dataclasses.replace(task, metadata={})))
+    self.assertIsNone(synthetic.teacher_confusion(
+        dataclasses.replace(task, metadata={"program": "L:"})))
+
   def test_neighbors(self):
     prog = synthetic.parse_program("L:sort")
     near = synthetic.neighbors(prog)

@@ -129,6 +129,35 @@ class WorkflowTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "reference_fix_fraction"):
       workflow_config.WorkflowConfig(reference_fix_fraction=1.5)
 
+  def test_reference_error_rate_writes_the_teachers_confusion(self):
+    cfg = dict(stages=("hypothesis", "code"), reward_mode=stages.ALL_PASS)
+    perfect = workflow.Workflow(workflow_config.WorkflowConfig(**cfg), self.pool)
+    always = workflow.Workflow(workflow_config.WorkflowConfig(reference_error_rate=1.0, **cfg),
+                               self.pool)
+    half = workflow.Workflow(workflow_config.WorkflowConfig(reference_error_rate=0.5, **cfg),
+                             self.pool)
+    tasks = self.synthetic[:16]
+    for t in tasks:
+      wrong = synthetic.teacher_confusion(t)
+      hyp, code = references.reference_outputs(always, t)
+      self.assertEqual(code, wrong.expression(t.param_names[0]) + "</code>")
+      self.assertEqual(hyp, task_lib.format_value(wrong(t.probe[0])) + "</hyp>")
+      # The prompt is the task's own; only the teacher's answers change.
+      self.assertEqual([s.opening for s in references.reference_segments(always, t)],
+                       [s.opening for s in references.reference_segments(perfect, t)])
+    # Replayed through the real workflow, the confused episodes fail hidden tests far more
+    # often than the perfect teacher's (which always pass).
+    outputs = {name: [references.reference_outputs(always, t)[k] for t in tasks]
+               for k, name in enumerate(always.stage_names)}
+    _, _, final = self._run(tasks, outputs, always)
+    self.assertLess(np.mean(final.rewards), 0.5)
+    drawn = [references.teacher_task(half, t) is not t for t in self.synthetic]
+    self.assertBetween(np.mean(drawn), 0.25, 0.75)
+    self.assertEqual(drawn, [references.teacher_task(half, t) is not t for t in self.synthetic])
+    self.assertIs(references.teacher_task(perfect, tasks[0]), tasks[0])
+    with self.assertRaisesRegex(ValueError, "reference_error_rate"):
+      workflow_config.WorkflowConfig(reference_error_rate=-0.1)
+
   def test_delimiters_are_tokenizer_specials(self):
     self.assertEqual(set(prompts.SPECIAL_TOKENS), set(_TOKENIZER.special_tokens))
     for stage in self.wf.stages:

@@ -12,9 +12,16 @@ task id, writes a near miss (`synthetic.near_miss`: a wrong program one edit fro
 that fails a public example) as its code, shows its failures (run in process: it is the task
 generator's own program) in the first debug stage, and writes the reference there as the fix.
 So the warm start shows what debugging is for, not only `keep` after passing code.
+
+An imperfect teacher (`WorkflowConfig.reference_error_rate`): a share of tasks, drawn per task
+id, is written as if the task's program were its systematic confusion
+(`synthetic.teacher_confusion`): the hypothesis predicts the confused program's output on the
+probe and the code is the confused program. The prompt (and its public examples) stay the
+task's own, so the episode is a consistent mistake of the kind a weaker model makes.
 """
 
 import collections
+import dataclasses
 import hashlib
 from typing import Optional
 
@@ -37,10 +44,33 @@ def near_miss(wf: workflow_lib.Workflow, task: task_lib.Task) -> Optional[synthe
   fraction = wf.config.reference_fix_fraction
   if fraction <= 0 or not any(isinstance(s, stages_lib.DebugStage) for s in wf.stages):
     return None
-  draw = int.from_bytes(hashlib.sha256(f"fix:{task.task_id}".encode()).digest()[:8], "big")
-  if draw / 2.0**64 >= fraction:
+  if not _drawn("fix", task, fraction):
     return None
   return synthetic.near_miss(task)
+
+
+def _drawn(salt: str, task: task_lib.Task, fraction: float) -> bool:
+  """Whether `task` falls in the `fraction` of task ids drawn by a hash salted with `salt`."""
+  draw = int.from_bytes(hashlib.sha256(f"{salt}:{task.task_id}".encode()).digest()[:8], "big")
+  return draw / 2.0**64 < fraction
+
+
+def teacher_task(wf: workflow_lib.Workflow, task: task_lib.Task) -> task_lib.Task:
+  """The task as the imperfect teacher sees it: `task` itself, or, in the drawn
+  `reference_error_rate` share of task ids, `task` with the reference solution and probe
+  output of its systematic confusion (`synthetic.teacher_confusion`). Prompt, examples and
+  tests are unchanged. The draw is a hash of the task id (the same in every process and run)."""
+  rate = wf.config.reference_error_rate
+  if rate <= 0 or not _drawn("teacher", task, rate):
+    return task
+  wrong = synthetic.teacher_confusion(task)
+  if wrong is None:
+    return task
+  probe = wrong(task.probe[0]) if task.probe is not None and len(task.probe) == 1 else (
+      task.probe_expected)
+  return dataclasses.replace(task, reference_solution=wrong.source(task.entry_point,
+                                                                   task.param_names[0]),
+                             probe_expected=probe)
 
 
 def reference_outputs(wf: workflow_lib.Workflow, task: task_lib.Task) -> list[str]:
@@ -62,6 +92,7 @@ def reference_segments(wf: workflow_lib.Workflow, task: task_lib.Task
   """
   if task.reference_solution is None:
     raise ValueError(f"task {task.task_id!r} has no reference_solution")
+  task = teacher_task(wf, task)
   fmt = wf.prompt_format
   ep = episodes_lib.Episode(task=task)
   miss = near_miss(wf, task)

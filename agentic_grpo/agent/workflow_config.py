@@ -55,6 +55,14 @@ class WorkflowConfig:
       of its failures and the reference code as the fix. Needs a debug stage; tasks without a
       near miss (not synthetic) keep the plain reference episode. So the warm-start shows what
       debugging is for, not only `keep` after passing code.
+    reference_error_rate: the share of reference episodes (drawn per task id) written by an
+      *imperfect teacher* that confuses the task's program with its systematic confusion
+      (`synthetic.teacher_confusion`: `add1` as `add2`, `max` as `min`): the hypothesis
+      predicts the confused program's output and the code writes it. Supervised data from a
+      weaker model or a hurried annotator has such habits; above 0.5 the warm-started policy's
+      greedy answer is the teacher's mistake while its samples still find the right program,
+      the headroom RL with verifiable rewards exists to use (docs/learning.md). Tasks without
+      a confusion (not synthetic) keep the plain reference episode. 0 = a perfect teacher.
     num_pieces: K (>= 2), the stages of the `pieces` kind: one per piece of a long-horizon task
       (must equal the tasks' `task.depths`).
     final_reward_delay_s: seconds the final reward waits before it is computed (>= 0): a slow
@@ -76,6 +84,7 @@ class WorkflowConfig:
   min_test_input_len: int = 2
   reward_mode: str = stages_lib.FRACTION
   reference_fix_fraction: float = 0.0
+  reference_error_rate: float = 0.0
   num_pieces: int = 4
   final_reward_delay_s: float = 0.0
 
@@ -123,6 +132,8 @@ class WorkflowConfig:
           f"must be one of {stages_lib.REFERENCE_DEBUG}", self.reference_debug)
     check(0.0 <= self.reference_fix_fraction <= 1.0, "reference_fix_fraction",
           "must be in [0, 1]", self.reference_fix_fraction)
+    check(0.0 <= self.reference_error_rate <= 1.0, "reference_error_rate",
+          "must be in [0, 1]", self.reference_error_rate)
 
   @classmethod
   def from_mapping(cls, cfg: Mapping[str, Any]) -> "WorkflowConfig":

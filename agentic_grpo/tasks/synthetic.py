@@ -345,6 +345,59 @@ def near_miss(task: task_lib.Task) -> Optional[Program]:
   return None
 
 
+# The imperfect teacher's confusion of a primitive that has no sibling in its family (a
+# family's members are confused with the next member, cyclically): plausible mix-ups of the
+# same signature.
+_SINGLETON_CONFUSIONS = {
+    "even": "odd", "odd": "even", "sort": "rev", "rev": "sort", "uniq": "sort",
+    "sum": "max", "max": "min", "min": "max", "len": "sum",
+    "upper": "srev", "srev": "ssort", "ssort": "srev", "suniq": "ssort", "dup": "srev",
+    "slen": "counta",
+}
+
+
+def _confusions() -> dict[str, Primitive]:
+  by_family: dict[str, list[Primitive]] = {}
+  for p in PRIMITIVES:
+    by_family.setdefault(p.family, []).append(p)
+  out = {}
+  for p in PRIMITIVES:
+    members = by_family[p.family]
+    if len(members) > 1:
+      out[p.name] = members[(members.index(p) + 1) % len(members)]
+    else:
+      out[p.name] = BY_NAME[_SINGLETON_CONFUSIONS[p.name]]
+  return out
+
+
+# Every primitive's systematic confusion (same input and output type, another primitive).
+CONFUSIONS: dict[str, Primitive] = _confusions()
+
+
+def teacher_confusion(task: task_lib.Task) -> Optional[Program]:
+  """The program an imperfect teacher writes for `task` when it errs: the reference with its
+  last primitive replaced by that primitive's fixed confusion (`CONFUSIONS`: the next member
+  of its family, `add1 -> add2`, `take3 -> take1`, or a plausible mix-up, `max -> min`).
+
+  The mistake is *systematic*, as a weaker model's or a sloppy annotator's are: the same
+  primitive is always confused with the same other one, whatever the task's examples say, so a
+  policy trained on such episodes learns the confusion as a habit that its own samples (judged
+  by the tests) can show it to drop (`WorkflowConfig.reference_error_rate`).
+
+  Returns:
+    The confused program (which may still pass some tests), or None when `task` is not a
+    synthetic task (no `program` in its metadata) or its program is the identity.
+  """
+  key = task.metadata.get("program")
+  if key is None:
+    return None
+  program = parse_program(key)
+  if not program.prims:
+    return None
+  return Program(program.in_type,
+                 program.prims[:-1] + (CONFUSIONS[program.prims[-1].name],))
+
+
 # ------------------------------------------------------------------------------- generator
 
 
