@@ -1,6 +1,7 @@
 """Config sections of the Agentic GRPO algorithm: the RL phase, the loss, corrections, replay."""
 
 import dataclasses
+import math
 
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.config import checks
@@ -108,7 +109,9 @@ class LossSection:
     max_tokens: the constant normaliser of `seq_mean_token_sum_norm` (> 0 with it).
     kl_beta: weight of the KL penalty to the warm-start policy (0 = off).
     kl_estimator: KL estimator: `k1`, `k2` or `k3`.
-    entropy_coef: entropy bonus weight.
+    entropy_coef: entropy bonus weight (>= 0; 0 = off): the loss subtracts entropy_coef
+      times the policy's token entropy at the RL temperature, aggregated like the policy loss
+      (Mnih et al., 2016; Schulman et al., 2017, PPO). Logged as loss/entropy either way.
     dual_clip: dual-clip bound on negative-advantage token losses (0 = off, else > 1).
   """
   eps_low: float = 0.2
@@ -133,7 +136,8 @@ class LossSection:
                    "must be > 0 with aggregation seq_mean_token_sum_norm", self.max_tokens)
     checks.check(self.kl_beta >= 0.0, f"{path}.kl_beta", "must be >= 0", self.kl_beta)
     checks.choice(f"{path}.kl_estimator", self.kl_estimator, losses_lib.KL_ESTIMATORS)
-    checks.check(self.entropy_coef >= 0.0, f"{path}.entropy_coef", "must be >= 0",
+    checks.check(math.isfinite(self.entropy_coef) and self.entropy_coef >= 0.0,
+                 f"{path}.entropy_coef", "must be a finite number >= 0 (0 = off)",
                  self.entropy_coef)
 
 

@@ -14,8 +14,11 @@ Which distribution each term sees: the importance ratio is taken under the sampl
 KL term compares the temperature-scaled distributions of policy and reference without the top-k /
 top-p filter: under the filter a token outside the reference's kept set has log-prob -1e30, and
 its KL term is meaningless (the filter's kept sets differ, so the filtered distributions need not
-share support). The entropy bonus is the sampling distribution's (filtered entries carry no mass
-and no gradient).
+share support). The entropy bonus (`loss.entropy_coef`: the loss subtracts `coef · H`, the
+bonus of A3C, Mnih et al., 2016, and PPO, Schulman et al., 2017) and the logged `entropy` are the
+sampling distribution's (filtered entries carry no mass and no gradient), at the distribution
+each loss token was drawn from (the logits one position before it), aggregated like the policy
+loss (`loss.aggregation`, row weights included).
 
 `sft_step(state, batch)` is the supervised warm-start step (token cross-entropy on reference
 episodes).

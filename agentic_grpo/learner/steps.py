@@ -31,6 +31,15 @@ def _aligned_logprobs(logits, tokens, transform: core_types.SamplingTransform):
   return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
 
 
+def _aligned_entropy(logits, loss_mask, transform: core_types.SamplingTransform):
+  """`[N, T]` entropy (nats) of the distribution each token was drawn from, under `transform`:
+  entry t is that of `logits[:, t - 1]` (which scored `tokens[:, t]`), 0 at t = 0 and off the
+  mask."""
+  h = losses_lib.entropy(logprobs_lib.transform_logits(logits[:, :-1], transform),
+                         loss_mask[:, 1:])
+  return jnp.concatenate([jnp.zeros_like(h[:, :1]), h], axis=1)
+
+
 def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTransform):
   """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`."""
   logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
@@ -141,8 +150,11 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
       count compiles once, and padding rows change neither the loss nor its gradient.
     ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
   and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
-  `entropy`, `clip_fraction`, `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`,
-  `dual_clip_fraction`, `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the
+  `entropy` (nats: the token-level entropy of the sampling distribution, temperature and
+  top-k / top-p applied, at each loss token's position, aggregated like the policy loss;
+  `loss.entropy_coef` > 0 subtracts `entropy_coef` times it from the loss), `clip_fraction`,
+  `ratio_mean`, `ratio_max`, `approx_kl`, `loss_tokens`, `dual_clip_fraction`,
+  `grad_norm`, `update_skipped` (1 when the non-finite guard rejected the
   update), `nonfinite_consecutive` (skipped updates in a row, this one included),
   `nonfinite_total`. The callable has a `num_traces` attribute (compilations so far).
   """
@@ -182,9 +194,11 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
           losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
           loss_cfg.aggregation, max_tokens, num_rows=num_rows)
       total = total + loss_cfg.kl_beta * kl
-    ent = losses_lib.aggregate(
-        losses_lib.entropy(logprobs_lib.transform_logits(logits, transform), mask), mask,
-        loss_cfg.aggregation, max_tokens, num_rows=num_rows)
+    # The entropy bonus (Mnih et al., 2016; Schulman et al., 2017): aggregated like the policy
+    # loss, so micro-batches combine exactly; always computed for the `entropy` metric.
+    ent = losses_lib.aggregate(_aligned_entropy(logits, mask, transform), mask,
+                               loss_cfg.aggregation, max_tokens, mb.sample_weights,
+                               num_rows=num_rows)
     if loss_cfg.entropy_coef > 0:
       total = total - loss_cfg.entropy_coef * ent
     metrics = dict(metrics, pg_loss=pg, kl=jax.lax.stop_gradient(kl),
