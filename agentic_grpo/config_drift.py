@@ -64,6 +64,7 @@ MAY_CHANGE = frozenset({
     "rl.max_idle_batches", "rl.max_skipped_updates",
     "optim.max_consecutive_nonfinite",
     "eval.every", "eval.num_samples", "eval.k", "eval.temperature",
+    "eval.headroom_tasks", "eval.headroom_train_tasks",
     "checkpoint.every", "checkpoint.max_to_keep",
     "log.every", "log.tensorboard", "log.progress_bar", "log.plot",
     "mesh.logical_axis_rules", "mesh.collective_timeout_s",

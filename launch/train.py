@@ -116,6 +116,10 @@ def main(argv):
     line += (f" (paired gain {last['eval/pass_at_1_gain']:+.3f} ± "
              f"{last['eval/pass_at_1_gain_stderr']:.3f} s.e.)")
   print(line, flush=True)
+  rl_line = train.summary_line(result["summary"], group_size=cfg.rl.group_size,
+                               temperature=cfg.rl.temperature)
+  if rl_line:
+    print(rl_line, flush=True)
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
   if result["incomplete"]:
     common_flags.fail(exit_codes.NO_PROGRESS, result["incomplete"])

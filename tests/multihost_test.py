@@ -54,7 +54,8 @@ _OVERRIDES = (
 _TIMES = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
           "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
           "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-          "pipeline/learner_idle_fraction")
+          "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
+          "rl/episodes_per_s_phase")
 _TAKES = re.compile(r"agent loop: shard (\d+) batch \d+ takes stream positions (\[[^\]]*\]) "
                     r"task ids (\[[^\]]*\])")
 

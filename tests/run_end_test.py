@@ -40,7 +40,8 @@ _MICRO = (
 _WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
                "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
                "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction")
+               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
+               "rl/episodes_per_s_phase")
 
 
 def _command(workdir: str, *overrides: str) -> list[str]:

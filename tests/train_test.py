@@ -121,7 +121,8 @@ class SignalingWorkflow(workflow_lib.Workflow):
 _WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
                "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
                "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction")
+               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
+               "rl/episodes_per_s_phase")
 
 
 def _history(workdir):
@@ -194,8 +195,22 @@ class TrainTest(parameterized.TestCase):
     first_stage = module.get_config().workflow.stages[0]
     for key in ("loss/loss", "loss/clip_fraction", "loss/kl", f"reward/{first_stage}",
                 "tokens_per_s", "replay/total_stale_dropped_segments",
-                "replay/total_corrections"):
+                "replay/total_corrections", "loss/entropy", f"signal/tied_groups_{first_stage}",
+                "rl/episodes_per_s", "rl/episodes_per_s_phase", "rl/seconds"):
       self.assertIn(key, rl)
+    self.assertGreater(rl["loss/entropy"], 0.0)  # a random policy is far from deterministic
+    self.assertBetween(rl[f"signal/tied_groups_{first_stage}"], 0.0, 1.0)
+    # The headroom at the RL temperature, at the warm-start and at the end: pass@G >= pass@1.
+    for r in rows:
+      for where in ("heldout", "train"):
+        p1, pg = r[f"headroom/{where}_pass_at_1"], r[f"headroom/{where}_pass_at_G"]
+        self.assertBetween(p1, 0.0, 1.0)
+        self.assertBetween(pg, p1, 1.0)
+    summary = result["summary"]
+    self.assertEqual(summary["warmstart/heldout_pass_at_G"], ws["headroom/heldout_pass_at_G"])
+    self.assertEqual(summary["final/train_pass_at_1"], rl["headroom/train_pass_at_1"])
+    self.assertEqual(summary["entropy_last"], rl["loss/entropy"])
+    self.assertEqual(summary["episodes_per_s"], rl["rl/episodes_per_s_phase"])
     if module is outcome_grpo:
       self.assertEqual(rl["replay/total_provisional_items"], 0.0)
     for name in ("learning_curve.png", "config.json"):

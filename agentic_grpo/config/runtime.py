@@ -67,16 +67,28 @@ class EvalSection:
   """Held-out evaluation: greedy pass@1 and sampled pass@k (Chen et al., 2021), the samples
   drawn at `temperature` (with `rl.top_k` / `rl.top_p`).
 
+  At the end of the warm-start and at the end of the run (the evaluations with samples), the
+  *headroom* of RL: `rl.group_size` (G) attempts per task drawn as the RL phase draws them (at
+  `rl.temperature`, with `rl.top_k` / `rl.top_p`), scored by pass@1 and pass@G, on the first
+  `headroom_tasks` held-out tasks and on the first `headroom_train_tasks` training tasks
+  (`train.evaluation.headroom`). pass@G is the share of tasks whose group holds a pass.
+
   Attributes:
     every: evaluate every this many RL steps (0 = only at the phase ends).
     num_samples: samples per task for pass@k (0 = greedy only).
     k: the k of pass@k, each in [1, num_samples].
     temperature: sampling temperature of pass@k samples (> 0).
+    headroom_tasks: held-out tasks of the headroom's pass@1 and pass@G at the RL temperature
+      (the first ones of the held-out split, at most task.eval_size; 0 = no headroom).
+    headroom_train_tasks: training-split tasks of the headroom (the first ones, at most
+      as many as the held-out headroom's and task.train_size when set; 0 = none).
   """
   every: int = 20
   num_samples: int = 4
   k: tuple[int, ...] = (1, 4)
   temperature: float = 1.0
+  headroom_tasks: int = 256
+  headroom_train_tasks: int = 128
 
   def validate(self, path: str) -> None:
     checks.check(self.every >= 0, f"{path}.every", "must be >= 0 (0 = only at the ends)",
@@ -86,6 +98,10 @@ class EvalSection:
       checks.check(all(1 <= k <= self.num_samples for k in self.k), f"{path}.k",
                    f"must be in [1, num_samples={self.num_samples}]", self.k)
     checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
+    checks.check(self.headroom_tasks >= 0, f"{path}.headroom_tasks", "must be >= 0 (0 = off)",
+                 self.headroom_tasks)
+    checks.check(self.headroom_train_tasks >= 0, f"{path}.headroom_train_tasks",
+                 "must be >= 0 (0 = off)", self.headroom_train_tasks)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,9 @@
 * `coordination`: the only home of single- vs multi-process code (`Coordinator`).
 * `session`: a run's live objects, checkpoints and the periodic-action predicate.
 * `warmstart`, `rl_phase`: the two phases.
-* `evaluation`: held-out pass@1 / pass@k and the paired gain.
-* `metrics`: `MetricsWriter`, the learning-curve plot, rows gathered from every process.
+* `evaluation`: held-out pass@1 / pass@k, the paired gain and the headroom of RL.
+* `metrics`: `MetricsWriter`, the learning-curve plot, rows gathered from every process, the
+  end-of-run summary (`run_summary`, `summary_line`).
 * `preemption`: SIGTERM / SIGINT to a checkpoint and `Preempted`.
 """
 
@@ -24,10 +25,11 @@ from agentic_grpo.train.evaluation import paired_gain
 from agentic_grpo.train.evaluation import pass_at_k
 from agentic_grpo.train.metrics import MetricsWriter
 from agentic_grpo.train.metrics import plot_learning_curve
+from agentic_grpo.train.metrics import summary_line
 from agentic_grpo.train.preemption import Preempted
 from agentic_grpo.train.run import run
 from agentic_grpo.train.warmstart import sft_batch
 
 __all__ = ["build", "Components", "evaluate", "make_sample_fn", "MetricsWriter",
            "NonFiniteUpdatesError", "paired_gain", "pass_at_k", "plot_learning_curve",
-           "Preempted", "rl_optimizer", "run", "sft_batch", "StartupCheckError"]
+           "Preempted", "rl_optimizer", "run", "sft_batch", "StartupCheckError", "summary_line"]

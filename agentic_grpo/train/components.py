@@ -1,7 +1,7 @@
 """`Components` and `build(cfg)`: everything a run is built from, as a short sequence of calls.
 
-Host side: the task source, the held-out tasks of this process, the sandbox pool and the
-workflow factory. Device side (through the door, `train.device.build_model`): tokenizer, model
+Host side: the task source, the held-out tasks of this process (and its shares of the
+headroom's held-out and training tasks), the sandbox pool and the workflow factory. Device side (through the door, `train.device.build_model`): tokenizer, model
 structure, mesh and learner shardings. The coordinator of the run's processes
 (`train.coordination`). `build` also checks at startup what the config allows to check before
 any step: that the tasks' first prompts fit the largest length bucket (`check_prompt_lengths`).
@@ -49,6 +49,21 @@ class Components:
   shardings: Any  # learner.Shardings
   coord: coordination.Coordinator
   model_source: Any  # models.sources.ModelSource: where the initial parameters come from
+  # This process's shares of the headroom's held-out and training tasks (`headroom_sizes`).
+  headroom_tasks: list = dataclasses.field(default_factory=list)
+  headroom_train_tasks: list = dataclasses.field(default_factory=list)
+
+
+def headroom_sizes(cfg: config_lib.TrainConfig) -> tuple[int, int]:
+  """`(held-out, training)` task counts of the headroom evaluation (`config.EvalSection`):
+  `eval.headroom_tasks` capped at `task.eval_size`; `eval.headroom_train_tasks` capped at
+  that (the training figure is read against the held-out one and needs no more tasks) and at
+  `task.train_size` when the training pool is finite."""
+  heldout = min(cfg.eval.headroom_tasks, cfg.task.eval_size)
+  train = min(cfg.eval.headroom_train_tasks, heldout)
+  if cfg.task.train_size:
+    train = min(train, cfg.task.train_size)
+  return heldout, train
 
 
 def build(cfg: config_lib.TrainConfig, *, pool=None,
@@ -79,10 +94,13 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   if hasattr(probe.prompt_format, "prefix_message"):
     logging.info("prompt format %r: %s", cfg.workflow.prompt_format,
                  probe.prompt_format.prefix_message())
+  heldout, train = headroom_sizes(cfg)
+  own = lambda split, n: [tasks.task(split, i) for i in range(n)[parallel.process_slice(n)]]
   comp = Components(cfg, model.tokenizer, model.model_config, model.graphdef, tasks, eval_tasks,
                     pool, factory, make, probe.num_stages, probe.stage_names,
                     model.mesh, model.sharded_model, model.shardings,
-                    coordination.make_coordinator(), model.source)
+                    coordination.make_coordinator(), model.source,
+                    own(cfg.task.eval_split, heldout), own("train", train))
   check_prompt_lengths(comp)
   return comp
 

@@ -228,7 +228,9 @@ def _record(comp, workdir, step, source, metrics, passed) -> dict[str, Any]:
           "task": {"source": cfg.task.source, "path": cfg.task.path,
                    "eval_split": cfg.task.eval_split, "eval_size": cfg.task.eval_size},
           "eval": {"num_samples": cfg.eval.num_samples, "k": list(cfg.eval.k),
-                   "temperature": cfg.eval.temperature},
+                   "temperature": cfg.eval.temperature,
+                   "headroom_tasks": cfg.eval.headroom_tasks,
+                   "headroom_train_tasks": cfg.eval.headroom_train_tasks},
           "seed": cfg.seed, "metrics": {k: float(v) for k, v in metrics.items()},
           "task_ids": ids, "passed": [int(p) for p in passed]}
 

@@ -1,11 +1,17 @@
 """Held-out evaluation: greedy pass@1 with its standard error, the paired gain over the
-warm-start, stage rewards and sampled pass@k (`evaluate`); the estimators `pass_at_k` and
-`paired_gain`.
+warm-start, stage rewards and sampled pass@k (`evaluate`), the headroom of RL (`headroom`:
+pass@1 and pass@G at the RL temperature, held-out and training tasks); the estimators
+`pass_at_k` and `paired_gain`, and `sampled_pass_at_k` (the sampled episodes behind both).
+
+Sampling keys (the agent loop's `rng_counter`, counted down per sampler call) are disjoint from
+the training stream's (positive) and from each other: greedy episodes from -1, pass@k samples
+from `-(1 << 20)`, the headroom's held-out samples from `-(2 << 20)`, its training-task samples
+from `-(3 << 20)`. So each number is a function of the parameters and the seed alone.
 """
 
 import math
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -61,6 +67,87 @@ def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
   return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
 
 
+# First sampling counters (module docstring).
+_SAMPLED_RNG = -(1 << 20)
+_HEADROOM_HELDOUT_RNG = -(2 << 20)
+_HEADROOM_TRAIN_RNG = -(3 << 20)
+
+
+def _padded(comp: components_lib.Components, own: list, total: int, split: str) -> list:
+  """This process's tasks `own` (its share of `total` tasks of `split`), padded with its last
+  one (or the split's first) to the largest share, so that every process makes the same
+  sampler calls."""
+  padding = list(own[-1:]) or [comp.tasks.task(split, 0)]
+  return list(own) + padding * (comp.coord.eval_width(total) - len(own))
+
+
+def sampled_pass_at_k(comp: components_lib.Components, agent: loop_lib.AgentLoop, params: Any,
+                      own: list, total: int, split: str, *, num_samples: int,
+                      ks: Sequence[int], rng_counter: int,
+                      workflow_factory: Callable[[], Any],
+                      sample_fn: Optional[loop_lib.SampleFn] = None) -> dict[int, float]:
+  """Unbiased pass@k (`pass_at_k`, Chen et al., 2021) of `num_samples` sampled episodes per
+  task, averaged over `total` tasks of `split` (every process's share gathered).
+
+  Args:
+    comp, agent, params: as in `evaluate`.
+    own: this process's share of the tasks (`parallel.process_slice(total)`; all of them in
+      one process).
+    total: tasks over all processes.
+    split: their split (padding of an empty share).
+    num_samples: episodes per task (n of pass@k).
+    ks: the k of pass@k, each in [1, num_samples].
+    rng_counter: the first sampling counter (module docstring).
+    workflow_factory: the workflow that scores the episodes; an episode passes when its final
+      reward is >= 1.
+    sample_fn: the sampler (`agent.loop.SampleFn`); the agent loop's own (`rl.temperature`)
+      when None.
+
+  Returns:
+    `{k: pass@k}`, floats in [0, 1], the same in every process.
+  """
+  tasks = _padded(comp, own, total, split)
+  final, _ = agent.run_episodes(params, tasks, greedy=False, repeats=num_samples,
+                                rng_counter=rng_counter, workflow_factory=workflow_factory,
+                                sample_fn=sample_fn)
+  final = comp.coord.gather_task_rows(final, len(own), total)
+  correct = (final >= 1.0).sum(axis=1)
+  return {k: float(np.mean([pass_at_k(num_samples, int(c), k) for c in correct])) for k in ks}
+
+
+def headroom(comp: components_lib.Components, agent: loop_lib.AgentLoop, params: Any, *,
+             workflow_factory: Callable[[], Any]) -> dict[str, float]:
+  """What RL can still gain: pass@1 and pass@G of G = `rl.group_size` attempts per task drawn
+  as the RL phase draws them (the agent loop's sampler: `rl.temperature`, `rl.top_k`,
+  `rl.top_p`), on `components.headroom_sizes(cfg)` held-out and training tasks.
+
+  pass@1 is the expected reward of one attempt; pass@G the share of tasks whose group of G
+  holds a pass, i.e. (with all-or-nothing rewards) of groups that would carry learning signal
+  unless all G pass. A gap between them is room for RL; pass@G near pass@1 means the groups
+  tie. Training tasks are the first of the training split (the RL phase's first tasks when the
+  stream is endless).
+
+  Returns:
+    `headroom/heldout_pass_at_1`, `headroom/heldout_pass_at_G`, and with training tasks
+    `headroom/train_pass_at_1`, `headroom/train_pass_at_G` (floats in [0, 1]); empty when
+    `eval.headroom_tasks` is 0.
+  """
+  cfg = comp.cfg
+  g = cfg.rl.group_size
+  heldout, train = components_lib.headroom_sizes(cfg)
+  out = {}
+  for name, own, total, split, counter in (
+      ("heldout", comp.headroom_tasks, heldout, cfg.task.eval_split, _HEADROOM_HELDOUT_RNG),
+      ("train", comp.headroom_train_tasks, train, "train", _HEADROOM_TRAIN_RNG)):
+    if not total:
+      continue
+    p = sampled_pass_at_k(comp, agent, params, own, total, split, num_samples=g, ks=(1, g),
+                          rng_counter=counter, workflow_factory=workflow_factory)
+    out[f"headroom/{name}_pass_at_1"] = p[1]
+    out[f"headroom/{name}_pass_at_G"] = p[g]
+  return out
+
+
 def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params: Any, *,
              sampled: bool, baseline: Optional[np.ndarray] = None
              ) -> tuple[dict[str, float], np.ndarray]:
@@ -72,6 +159,10 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   task (in task order). `metrics` holds `eval/pass_at_1` with its binomial standard error
   `eval/pass_at_1_stderr`, and, given `baseline` (an earlier `passed`, e.g. the warm-start's),
   the paired gain over it `eval/pass_at_1_gain` with `eval/pass_at_1_gain_stderr` (`paired_gain`).
+
+  With `sampled`, also sampled pass@k (`eval.num_samples` per task at `eval.temperature`:
+  `eval/pass_at_<k>_sampled`) and the headroom at the RL temperature (`headroom/...`,
+  `headroom`).
 
   Evaluation episodes score every stage (also for outcome-only runs) and count their sandbox
   verdicts apart from training's (`eval/timeouts`). In a multi-process run each process runs
@@ -86,9 +177,7 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   factory = lambda: comp.make_workflow(counting, stage_rewards=True,
                                        reward_mode=stages_lib.FRACTION)
   own = len(comp.eval_tasks)
-  width = comp.coord.eval_width(cfg.task.eval_size)  # tasks run by every process
-  padding = comp.eval_tasks[-1:] or [comp.tasks.task(cfg.task.eval_split, 0)]
-  tasks = list(comp.eval_tasks) + padding * (width - own)
+  tasks = _padded(comp, comp.eval_tasks, cfg.task.eval_size, cfg.task.eval_split)
   gather = lambda x: comp.coord.gather_task_rows(x, own, cfg.task.eval_size)
   final, stages = agent.run_episodes(params, tasks, greedy=True, rng_counter=-1,
                                      workflow_factory=factory)
@@ -106,15 +195,15 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
     out["eval/pass_at_1_gain"], out["eval/pass_at_1_gain_stderr"] = paired_gain(baseline, passed)
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
-  n = cfg.eval.num_samples
-  if sampled and n > 0:
-    final_s, _ = agent.run_episodes(
-        params, tasks, greedy=False, repeats=n, rng_counter=-(1 << 20), workflow_factory=factory,
+  if sampled and cfg.eval.num_samples > 0:
+    p = sampled_pass_at_k(
+        comp, agent, params, comp.eval_tasks, cfg.task.eval_size, cfg.task.eval_split,
+        num_samples=cfg.eval.num_samples, ks=cfg.eval.k, rng_counter=_SAMPLED_RNG,
+        workflow_factory=factory,
         sample_fn=device_lib.make_sample_fn(comp, cfg.seed, temperature=cfg.eval.temperature))
-    final_s = gather(final_s)
-    correct = (final_s >= 1.0).sum(axis=1)
-    for k in cfg.eval.k:
-      out[f"eval/pass_at_{k}_sampled"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
+    out.update({f"eval/pass_at_{k}_sampled": v for k, v in p.items()})
+  if sampled:
+    out.update(headroom(comp, agent, params, workflow_factory=factory))
   out["eval/timeouts"] = float(comp.coord.total(int(counting.pop_counts().get("timeout", 0))))
   out["eval/seconds"] = time.time() - t0
   return out, passed

@@ -1,5 +1,43 @@
 """Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar), the learning
-curve plot, and the RL row assembled from every process's numbers (`rl_row`).
+curve plot, the RL row assembled from every process's numbers (`rl_row`), and the headline
+numbers of a finished run (`run_summary`, printed by `launch/train.py`).
+
+Every key of a row goes to `metrics.jsonl` and, as the same tag, to TensorBoard. Keys of RL rows
+(`phase="rl"`, one row every `log.every` updates; "since the last row" below), besides the
+`pipeline/...` keys further down:
+
+* `reward/<stage>` (each workflow stage by name, e.g. `reward/hypothesis`, `reward/code`) and
+  `reward/final`: the mean sampled reward on the training stream of the episode batches whose
+  stage (or whose final reward) was harvested since the last row (a stage's mean over its
+  scored members; 0 for a batch where none was scored); `train/pass_rate`: the share of those
+  episodes whose final reward is >= 1. A key is absent from a row in which no batch reached
+  that stage; `parsed/<stage>`: the share of outputs that parsed.
+* `signal/tied_groups_<stage>` and `signal/tied_groups_final`: of the same batches, the share
+  of groups whose rewards (that stage's, among its scored members, or the final ones) are all
+  equal (`core.advantages.tied_groups`): groups whose group-relative advantage is 0 for every
+  member, i.e. no learning signal (before any `correction.baseline`). The final row adds
+  `signal/tied_groups_final_phase`, the share over every group the RL phase finished
+  (`loop/tied_groups_final` over `loop/episodes / G`).
+* `loss/<metric>`: the mean over the updates since the last row of the update step's metrics
+  (`learner.make_update_step`): `loss/loss`, `loss/pg_loss`, `loss/kl`, `loss/clip_fraction`,
+  ..., and `loss/entropy`, the token-level entropy (nats) of the sampling distribution (at
+  `rl.temperature`, with `rl.top_k` / `rl.top_p`) at the update's loss tokens, aggregated like
+  the policy loss (`loss.entropy_coef` > 0 adds it to the objective as a bonus).
+* `replay/...` (per update, averaged, and running totals `replay/total_...`), `counts/...`
+  and `loop/...` (running counters, summed over processes; `loop/episodes`: finished training
+  episodes), `tokens_per_s`, `seconds` (since the run started).
+* `rl/episodes_per_s`: training episodes finished since the last row per wall second of the
+  interval (evaluation excluded, all processes); the final row adds `rl/seconds` (the RL
+  phase's wall seconds so far, evaluation excluded, over resumes) and
+  `rl/episodes_per_s_phase` (`loop/episodes / rl/seconds`). Wall-clock numbers, like
+  `seconds`, `tokens_per_s` and `pipeline/wall_seconds`: they differ between runs.
+* `eval/...` when the row evaluates (every `eval.every` updates and the final row,
+  `train.evaluation.evaluate`); with samples (the warm-start's last row and the final row) also
+  `eval/pass_at_<k>_sampled` and the headroom: `headroom/heldout_pass_at_1` and
+  `headroom/heldout_pass_at_G` (G = `rl.group_size` attempts per held-out task at
+  `rl.temperature`: the expected reward of one attempt and the share of tasks whose group holds
+  a pass; `eval.headroom_tasks`), `headroom/train_pass_at_1` and `headroom/train_pass_at_G` (the
+  same on training tasks, `eval.headroom_train_tasks`).
 
 The `pipeline/...` keys of an RL row (`rl_row`, `pipeline_times`) describe the interval since
 the previous row:
@@ -229,6 +267,90 @@ def pipeline_shapes(update_stats: Sequence[dict[str, float]]) -> dict[str, float
     row["pipeline/row_padding_fraction"] = 1.0 - sum(
         sums[f"rows_{k}"] for k in UPDATE_KINDS) / slots
   return row
+
+
+# The wall-clock keys of RL rows besides `PIPELINE_TIMES`, `seconds` and `tokens_per_s`.
+RL_TIMES = ("rl/episodes_per_s", "rl/seconds", "rl/episodes_per_s_phase")
+
+
+def rl_phase_totals(row: dict[str, float], rl_seconds: float,
+                    group_size: int) -> dict[str, float]:
+  """The whole-phase keys of the RL phase's final row (module docstring).
+
+  Args:
+    row: the final row so far (its `loop/episodes` and `loop/tied_groups_final`, summed over
+      processes; absent counts as 0).
+    rl_seconds: wall seconds of the RL phase (evaluation excluded).
+    group_size: G, episodes per group.
+
+  Returns:
+    `rl/seconds`, `rl/episodes_per_s_phase` (episodes per second) and, once a group has
+    finished, `signal/tied_groups_final_phase` (a share in [0, 1]).
+  """
+  episodes = row.get("loop/episodes", 0.0)
+  out = {"rl/seconds": rl_seconds, "rl/episodes_per_s_phase": episodes / max(rl_seconds, 1e-9)}
+  if episodes:
+    out["signal/tied_groups_final_phase"] = (row.get("loop/tied_groups_final", 0.0)
+                                            / (episodes / group_size))
+  return out
+
+
+_HEADROOM = ("heldout_pass_at_1", "heldout_pass_at_G", "train_pass_at_1", "train_pass_at_G")
+
+
+def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
+  """Headline numbers of a run from its rows (for the end-of-run line of `launch/train.py`).
+
+  Returns (each only when the run logged it):
+    `warmstart/<h>` and `final/<h>` for the headroom keys `headroom/<h>` of the warm-start's
+    evaluation and of the RL phase's last one (`h` in `heldout_pass_at_1`,
+    `heldout_pass_at_G`, `train_pass_at_1`, `train_pass_at_G`); `tied_groups_final` (the RL
+    phase's `signal/tied_groups_final_phase`); `entropy_first` and `entropy_last` (nats,
+    `loss/entropy` of the first and last RL rows that have it); `episodes_per_s`
+    (`rl/episodes_per_s_phase`).
+  """
+  out = {}
+  rl = [r for r in history if r.get("phase") == "rl"]
+  for name, rows in (("warmstart", [r for r in history if r.get("phase") == "warmstart"]),
+                     ("final", rl)):
+    evaluated = [r for r in rows if "headroom/heldout_pass_at_1" in r]
+    if evaluated:
+      out.update({f"{name}/{h}": float(evaluated[-1][f"headroom/{h}"]) for h in _HEADROOM
+                  if f"headroom/{h}" in evaluated[-1]})
+  entropy = [r["loss/entropy"] for r in rl if "loss/entropy" in r]
+  if entropy:
+    out["entropy_first"], out["entropy_last"] = float(entropy[0]), float(entropy[-1])
+  last = next((r for r in reversed(rl) if "rl/episodes_per_s_phase" in r), {})
+  for key, name in (("signal/tied_groups_final_phase", "tied_groups_final"),
+                    ("rl/episodes_per_s_phase", "episodes_per_s")):
+    if key in last:
+      out[name] = float(last[key])
+  return out
+
+
+def summary_line(summary: dict[str, float], *, group_size: int, temperature: float) -> str:
+  """The RL line of the end-of-run summary from `run_summary`'s numbers, e.g.
+
+  `RL: headroom (held-out pass@1 -> pass@8 at T=0.5): warm-start 0.301 -> 0.512, end 0.320 ->
+  0.498; tied groups (final reward) 0.620; entropy 0.412 -> 0.377 nats; RL 14.2 episodes/s`
+
+  with only the parts the run logged; "" when none.
+  """
+  parts = []
+  ends = [(name, summary[f"{key}/heldout_pass_at_1"], summary[f"{key}/heldout_pass_at_G"])
+          for name, key in (("warm-start", "warmstart"), ("end", "final"))
+          if f"{key}/heldout_pass_at_G" in summary]
+  if ends:
+    parts.append(f"headroom (held-out pass@1 -> pass@{group_size} at T={temperature:g}): "
+                 + ", ".join(f"{name} {p1:.3f} -> {pg:.3f}" for name, p1, pg in ends))
+  if "tied_groups_final" in summary:
+    parts.append(f"tied groups (final reward) {summary['tied_groups_final']:.3f}")
+  if "entropy_first" in summary:
+    parts.append(f"entropy {summary['entropy_first']:.3f} -> {summary['entropy_last']:.3f} "
+                 f"nats")
+  if "episodes_per_s" in summary:
+    parts.append(f"RL {summary['episodes_per_s']:.1f} episodes/s")
+  return "RL: " + "; ".join(parts) if parts else ""
 
 
 def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]

@@ -62,6 +62,11 @@ class RLPhase:
     self.busy: collections.Counter = collections.Counter()
     self.ended_without_signal = False
     self.updates_run = 0
+    # Finished training episodes of this process at the last row (`rl/episodes_per_s`; from
+    # the restored loop counters after a resume), and the RL phase's wall seconds so far: the
+    # rows' intervals, evaluation excluded (`rl/seconds`; checkpointed).
+    self.episodes_logged = s.agent.counters["episodes"]
+    self.rl_seconds = 0.0
     self.last_update: Optional[dict[str, Any]] = None
     if s.rl_saved:
       self._load(s.rl_saved)
@@ -169,13 +174,18 @@ class RLPhase:
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
              "stats": [stats for _, stats in self.updates],
              "replay": {k: s.replay.counters.get(k, 0) for k in metrics_lib.REPLAY_TOTALS}}
+    episodes = s.coord.total(s.agent.counters["episodes"] - self.episodes_logged)
     now = time.time()
+    self.rl_seconds += now - self.t_logged
     row = {"step": s.step, "phase": "rl", "seconds": now - s.t_start,
            "tokens_per_s": self.tokens / max(now - self.t_logged, 1e-9),
+           "rl/episodes_per_s": episodes / max(now - self.t_logged, 1e-9),
            "loop/learner_idle_fraction": min(
                1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
     row.update(metrics_lib.pipeline_times(self.busy, now - self.t_logged))
     row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
+    if final:
+      row.update(metrics_lib.rl_phase_totals(row, self.rl_seconds, s.cfg.rl.group_size))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
       s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
                                            baseline=s.warm_passed)
@@ -184,17 +194,21 @@ class RLPhase:
     self.updates.clear()
     self.harvest_rows.clear()
     self.tokens, self.t_logged, self.agent_seconds = 0, time.time(), 0.0
+    self.episodes_logged = s.agent.counters["episodes"]
     self.busy.clear()
 
   # ------------------------------------------------------------------------------- state
 
   def state_dict(self) -> dict[str, Any]:
-    """The unlogged host numbers and the idle count, JSON-serialisable (checkpoint meta)."""
+    """The unlogged host numbers, the idle count and the RL phase's wall seconds so far
+    (those of the interval since the last row included), JSON-serialisable (checkpoint
+    meta)."""
     updates = self.s.device.fetch([p for p, _ in self.updates])
     return {"harvest_rows": self.harvest_rows, "idle_batches": self.idle_batches,
             "tokens": self.tokens,
             "updates": [{"metrics": {k: float(v) for k, v in m.items()}, "stats": stats}
-                        for m, (_, stats) in zip(updates, self.updates)]}
+                        for m, (_, stats) in zip(updates, self.updates)],
+            "rl_seconds": self.rl_seconds + (time.time() - self.t_logged)}
 
   def _load(self, saved: dict[str, Any]) -> None:
     # Unlogged rows and the idle count: a checkpoint of an earlier version without one starts
@@ -202,6 +216,7 @@ class RLPhase:
     saved = records.read(saved, "meta.rl_phase", defaults={
         "harvest_rows": [], "idle_batches": 0, "tokens": 0, "updates": []})
     self.harvest_rows = [dict(r) for r in saved["harvest_rows"]]
+    self.rl_seconds = float(saved.get("rl_seconds", 0.0))  # wall clock: no record to fill in
     self.idle_batches = int(saved["idle_batches"])
     self.tokens = int(saved["tokens"])
     self.updates = [(device_lib.Pending(u["metrics"], 0), dict(u["stats"]))

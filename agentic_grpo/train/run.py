@@ -17,12 +17,14 @@ Phases (docs/design.md §1, §3):
 
 Evaluation on a fixed held-out split (`task.eval_split`, `task.eval_size` tasks): greedy pass@1
 every `eval.every` steps, at the end of the warm-start and at the end; sampled pass@k (Chen et
-al., 2021) at the end of the warm-start and at the end (`evaluation.evaluate`).
+al., 2021) and the headroom of RL (pass@1 and pass@G at the RL temperature, held-out and
+training tasks) at the end of the warm-start and at the end (`evaluation.evaluate`).
 
 Outputs in `workdir`: `metrics.jsonl` (one JSON object per logged step: `step` (global:
 warm-start steps then RL steps), `phase` (`warmstart` | `rl`), losses, rewards per stage, clip
-fraction, KL, staleness drops, corrections, errors, tokens/s, seconds, and `eval/...` when
-evaluated), TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints`
+fraction, KL, entropy, tied groups, staleness drops, corrections, errors, tokens/s, episodes/s,
+seconds, and `eval/...` and `headroom/...` when evaluated; the keys are listed in
+`train/metrics.py`), TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints`
 (everything needed to resume exactly), `config.json`, and `learning_curve.png` at the end. A
 run restarted with the same workdir resumes where it stopped.
 
@@ -76,8 +78,9 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
 
   Returns:
     `step` (the last global step), `phase`, `seconds`, `warmstart_pass_at_1`,
-    `final_pass_at_1`, `last_eval` (the last evaluation's metrics), `state` (the learner state)
-    and `incomplete`: None, or why the run did not do what it was asked.
+    `final_pass_at_1`, `last_eval` (the last evaluation's metrics), `summary` (headroom,
+    tied groups, entropy and RL episodes per second: `metrics.run_summary`), `state` (the
+    learner state) and `incomplete`: None, or why the run did not do what it was asked.
 
   Raises:
     ValueError: an invalid config (naming the field).
@@ -177,4 +180,5 @@ def _run(comp: components_lib.Components, workdir: str, stop_after: Optional[int
   return {"step": s.step, "phase": s.phase, "seconds": time.time() - s.t_start,
           "warmstart_pass_at_1": warm.get("eval/pass_at_1"),
           "final_pass_at_1": s.metrics.pass1, "last_eval": s.last_eval,
+          "summary": metrics_lib.run_summary(s.metrics.history),
           "state": s.device.state, "incomplete": rl.verdict()}
