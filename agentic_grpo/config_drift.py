@@ -36,6 +36,7 @@ FIXED = frozenset({
     "workflow.max_value_chars", "workflow.min_test_input_len",
     "rl.tasks_per_batch", "rl.group_size", "rl.batches_in_flight", "rl.rows_per_update",
     "rl.temperature", "rl.top_k", "rl.top_p", "rl.buckets",
+    "rl.dynamic_sampling", "rl.dynamic_sampling_max_batches", "rl.pass_rate_filter",
     "loss.eps_low", "loss.eps_high", "loss.ratio_level", "loss.aggregation", "loss.max_tokens",
     "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef", "loss.dual_clip",
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",

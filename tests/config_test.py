@@ -96,6 +96,11 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.rl.max_skipped_updates, 3)
     on = config_lib.from_config_dict({"loss": {"dual_clip": 3}, "rl": {"max_skipped_updates": 0}})
     self.assertEqual((on.loss.dual_clip, on.rl.max_skipped_updates), (3.0, 0))
+    # Dynamic sampling and the pass-rate filter are off by default.
+    self.assertEqual((cfg.rl.dynamic_sampling, cfg.rl.pass_rate_filter), (False, ()))
+    on = config_lib.from_config_dict({"rl": {"dynamic_sampling": True,
+                                             "pass_rate_filter": [0, 1]}})
+    self.assertEqual((on.rl.dynamic_sampling, on.rl.pass_rate_filter), (True, (0.0, 1.0)))
 
   @parameterized.named_parameters(
       ("range", {"rl": {"group_size": 1}}, r"config\.rl\.group_size must be >= 2, got 1"),
@@ -139,6 +144,15 @@ class ConfigTest(parameterized.TestCase):
        r"config\.model\.param_dtype must be one of"),
       ("collective_timeout", {"mesh": {"collective_timeout_s": 5}},
        r"config\.mesh\.collective_timeout_s must be 0 \(off\) or >= 10 seconds, got 5"),
+      ("dynamic_sampling_cap", {"rl": {"dynamic_sampling_max_batches": -1}},
+       r"config\.rl\.dynamic_sampling_max_batches must be >= 0 \(0 = no cap\), got -1"),
+      ("pass_rate_order", {"rl": {"pass_rate_filter": (0.8, 0.2)}},
+       r"config\.rl\.pass_rate_filter must be \(\) \(off\) or \(lo, hi\) with 0 <= lo <= hi "
+       r"<= 1, got \(0\.8, 0\.2\)"),
+      ("pass_rate_range", {"rl": {"pass_rate_filter": (0.2, 1.5)}},
+       r"config\.rl\.pass_rate_filter must be"),
+      ("pass_rate_arity", {"rl": {"pass_rate_filter": (0.2,)}},
+       r"config\.rl\.pass_rate_filter must be"),
   )
   def test_errors_name_the_field(self, data, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

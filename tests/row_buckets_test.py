@@ -88,6 +88,49 @@ class RowBucketsTest(parameterized.TestCase):
       coord.agree(ready=3, rows=64, want_bucket=128, fits=[3], buckets=(128, 256),
                   sampling=True, idle_batches=0, stop=False)
 
+  def test_dynamic_sampling_agrees_only_on_full_updates(self):
+    coord = coordination.LocalCoordinator()
+    kw = dict(rows=4, buckets=(128, 256), idle_batches=0, stop=False)
+    agree = lambda ready, want, fits, **more: coord.agree(
+        ready=ready, want_bucket=want, fits=fits, **{**kw, **more})
+    # Too few rows: no partial update, not even before a sample phase.
+    agreed = agree(3, 128, [3, 3], sampling=True, full_only=True)
+    self.assertEqual((agreed.update, agreed.buckets, agreed.rows), (False, (), 0))
+    # The oldest rows' bucket holds too few: the full update goes into a larger one.
+    agreed = agree(5, 128, [2, 5], sampling=False, full_only=True)
+    self.assertEqual((agreed.update, agreed.buckets, agreed.rows), (True, (256,), 4))
+    agreed = agree(5, 128, [5, 5], sampling=False, full_only=True)
+    self.assertEqual((agreed.buckets, agreed.rows), ((128,), 4))
+    agreed = agree(5, 256, [4, 5], sampling=True, full_only=True)  # never below the oldest's
+    self.assertEqual((agreed.buckets, agreed.rows), ((256,), 4))
+    # Without waiting (the option off, or its cap reached): the flush before sampling.
+    agreed = agree(3, 128, [3, 3], sampling=True, full_only=False)
+    self.assertEqual((agreed.update, agreed.buckets, agreed.rows), (True, (128,), 3))
+    self.assertEqual(agree(3, 128, [3, 3], sampling=True), agreed)
+
+  def test_dynamic_sampling_agreement_across_processes(self):
+    class TwoProcesses(coordination.LocalCoordinator):
+      process_count = 2
+      other = None
+
+      def _gather_ints(self, values):
+        return np.array([values, self.other], np.int64)
+
+    coord = TwoProcesses()
+    kw = dict(rows=4, buckets=(128, 256), sampling=True, idle_batches=0, stop=False)
+    # This process has a full share, the other not: both wait.
+    coord.other = [2, 128, 0, 0, 1, 2, 2]  # ready, want, idle, stop, full_only, *fits
+    agreed = coord.agree(ready=6, want_bucket=128, fits=[6, 6], full_only=True, **kw)
+    self.assertFalse(agreed.update)
+    # The other reached its cap: the flush of the rows there are.
+    coord.other = [2, 128, 0, 0, 0, 2, 2]
+    agreed = coord.agree(ready=6, want_bucket=128, fits=[6, 6], full_only=True, **kw)
+    self.assertEqual((agreed.update, agreed.buckets, agreed.rows), (True, (128,), 4))
+    # Both full, but only in the larger bucket for the other.
+    coord.other = [5, 128, 0, 0, 1, 1, 5]
+    agreed = coord.agree(ready=6, want_bucket=128, fits=[6, 6], full_only=True, **kw)
+    self.assertEqual((agreed.update, agreed.buckets, agreed.rows), (True, (256,), 4))
+
   @parameterized.product(
       aggregation=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
       micro_batches=(1, 2))

@@ -24,7 +24,34 @@ class RLSection:
   skipped by the non-finite guard (warm-start or RL) stop the run with an error (0 = never); it
   must not exceed `optim.max_consecutive_nonfinite`, past which the guard applies the update.
 
-  rewards equal) end the phase early (0 = never).
+  `dynamic_sampling` (DAPO's dynamic sampling, Yu et al., 2025, §3.2) keeps every update's
+  batch full of groups that carry signal. A group *carries no signal* when all its advantages
+  are 0: outcome-only, its final rewards tie; with stage rewards, its stage rewards tie at
+  every stage (after `correction.baseline`) and its target advantages are 0 too. Such a group,
+  and a stage of a group whose provisional advantages are all 0, readies no row (even with
+  `replay.skip_zero_advantage=False`, which otherwise keeps zero rows); finished groups without
+  signal are counted (`loop/dynamic_sampling_dropped_groups`). Today's rows already have
+  non-zero advantages when zero rows are skipped (the default); what the option adds is the
+  cadence: an update waits until every process has its full share of `rows_per_update` rows
+  in one length bucket, while the agent loop samples further episode batches from the task
+  stream, instead of flushing the rows it has (a partial update) before each sample phase. So
+  a stage's provisional update may land after the batch's next stage is sampled. The cap on
+  extra sampling: once `dynamic_sampling_max_batches` episode batches have finished while rows
+  waited, the rows there are go as one partial update (`counts/dynamic_sampling_partial_updates`).
+
+  `pass_rate_filter=(lo, hi)` keeps training at the edge of competence: a finished group whose
+  pass rate (the mean of its final rewards; the share that passed under `all_pass` rewards)
+  lies outside `[lo, hi]` is not trained on (`loop/pass_rate_filtered_groups`): its target
+  advantage is 0, so it readies no outcome row, and the provisional updates its stages already
+  received are withdrawn by their corrections (with `correction.enabled`; without, they stay).
+  Online accuracy filtering as in PRIME (Cui et al., 2025, "Process Reinforcement through
+  Implicit Rewards", which keeps prompts with accuracy in [0.2, 0.8]) and the filter of
+  DAPO's dynamic sampling (0 < accuracy < 1, which for 0/1 rewards is the no-signal rule
+  above). It filters after the fact, when the group's outcome is known: with an endless stream
+  of fresh tasks (the synthetic default) that is all it can do; a stream that repeats tasks (a
+  finite data set, `task.train_size` > 0) keeps no per-task memory, so a filtered task is
+  sampled again when it recurs (and trained on if its pass rate has moved into the band). With
+  `dynamic_sampling`, the updates wait for rows of groups inside the band.
 
   Attributes:
     num_steps: learner updates of the RL phase.
@@ -43,6 +70,12 @@ class RLSection:
     episode_budget: end the RL phase once this many training episodes (all processes) have
       finished, even before `num_steps` updates (0 = no budget): runs whose updates consume
       episodes at different rates (outcome-only vs staged) compared at equal rollouts.
+    dynamic_sampling: drop groups without signal and update only on full batches (DAPO's
+      dynamic sampling; see above).
+    dynamic_sampling_max_batches: with dynamic_sampling, the most episode batches that finish
+      while rows wait for a full update before they go as a partial one (0 = no cap).
+    pass_rate_filter: `()` (off) or `(lo, hi)`, 0 <= lo <= hi <= 1: groups whose pass rate
+      lies outside [lo, hi] are not trained on (see above).
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -57,8 +90,18 @@ class RLSection:
   max_idle_batches: int = 50
   max_skipped_updates: int = 3
   episode_budget: int = 0
+  dynamic_sampling: bool = False
+  dynamic_sampling_max_batches: int = 10
+  pass_rate_filter: tuple[float, ...] = ()
 
   def validate(self, path: str) -> None:
+    checks.check(self.dynamic_sampling_max_batches >= 0, f"{path}.dynamic_sampling_max_batches",
+                 "must be >= 0 (0 = no cap)", self.dynamic_sampling_max_batches)
+    checks.check(self.pass_rate_filter == () or (
+        len(self.pass_rate_filter) == 2
+        and 0.0 <= self.pass_rate_filter[0] <= self.pass_rate_filter[1] <= 1.0),
+                 f"{path}.pass_rate_filter", "must be () (off) or (lo, hi) with "
+                 "0 <= lo <= hi <= 1", self.pass_rate_filter)
     checks.check(self.episode_budget >= 0, f"{path}.episode_budget",
                  "must be >= 0 (0 = no budget)", self.episode_budget)
     checks.check(self.max_skipped_updates >= 0, f"{path}.max_skipped_updates",

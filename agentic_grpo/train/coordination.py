@@ -6,10 +6,11 @@ agreed here, with a small host collective (`parallel.host_allgather`, `parallel.
 guarded by `parallel.peer_watchdog` with `mesh.collective_timeout_s`):
 
 * per loop iteration of the RL phase (`agree`): whether to update (every process has its share
-  of rows ready, or the loop is about to sample and some process has rows), the length bucket
-  (the longest any process needs), the rows an update takes (the most any process has ready in
-  that bucket, at most its share), the fewest idle batches of any process, and whether any
-  process was asked to stop (a signal);
+  of rows ready, or the loop is about to sample and some process has rows; with dynamic
+  sampling, while every process waits for a full update, only when every process has its share
+  in one length bucket), the length bucket (the longest any process needs), the rows an update
+  takes (the most any process has ready in that bucket, at most its share), the fewest idle
+  batches of any process, and whether any process was asked to stop (a signal);
 * per update, whether any process had a row with a loss token (`any`);
 * per sampler call, the longest prompt (`agree_max`), so that every process pads to one bucket;
 * per warm-start step, whether any process was asked to stop (`any`);
@@ -78,7 +79,7 @@ class Coordinator(abc.ABC):
 
   def agree(self, *, ready: int, rows: int, want_bucket: int, fits: Sequence[int],
             buckets: Sequence[int], sampling: bool, idle_batches: int,
-            stop: bool) -> Agreement:
+            stop: bool, full_only: bool = False) -> Agreement:
     """The RL loop's per-iteration agreement.
 
     Args:
@@ -90,19 +91,31 @@ class Coordinator(abc.ABC):
       sampling: the agent loop's next action is to sample (every process's is the same).
       idle_batches: this process's episode batches in a row without learning signal.
       stop: this process was asked to stop.
+      full_only: this process waits for a full update (dynamic sampling, `rl.dynamic_sampling`).
+        When every process does, an update happens only in the smallest bucket, from the one
+        the oldest rows need up, in which every process has `rows` ready rows, and takes
+        `rows`; no partial update before a sample phase. When some process does not (its cap
+        reached), as without.
 
     Raises:
       ValueError: `fits` and `buckets` of different lengths.
     """
     if len(fits) != len(buckets):
       raise ValueError(f"fits must have one count per bucket ({len(buckets)}), got {len(fits)}")
-    everyone = self._gather_ints([ready, want_bucket, idle_batches, int(stop), *fits])
+    everyone = self._gather_ints([ready, want_bucket, idle_batches, int(stop), int(full_only),
+                                  *fits])
     ready_all, want_all = everyone[:, 0], everyone[:, 1]
-    update = bool(ready_all.min() >= rows or (sampling and ready_all.max() > 0))
     bucket = int(want_all.max())
+    fits_all = everyone[:, 5:]
+    if everyone[:, 4].all():  # every process waits for a full update
+      full = [b for j, b in enumerate(buckets)
+              if b >= bucket and int(fits_all[:, j].min()) >= rows]
+      return Agreement(update=bool(full), buckets=tuple(full[:1]), rows=rows if full else 0,
+                       idle_batches=int(everyone[:, 2].min()), stop=bool(everyone[:, 3].any()))
+    update = bool(ready_all.min() >= rows or (sampling and ready_all.max() > 0))
     taken = 0
     if update:
-      taken = min(rows, int(everyone[:, 4 + list(buckets).index(bucket)].max()))
+      taken = min(rows, int(fits_all[:, list(buckets).index(bucket)].max()))
     return Agreement(update=update, buckets=(bucket,) if update else (), rows=taken,
                      idle_batches=int(everyone[:, 2].min()), stop=bool(everyone[:, 3].any()))
 

@@ -13,6 +13,15 @@ on one action:
   rows, so that the learner does not spend most of it on padding rows;
 * else **step the agent loop** (harvest a sandbox job, or sample a stage).
 
+With `rl.dynamic_sampling` (DAPO's dynamic sampling, `config.RLSection`) the replay readies
+no row from groups without signal, and the update waits for every process's full share of
+rows in one length bucket (`Coordinator.agree(full_only=)`): no flush before a sample phase,
+so the loop samples further batches meanwhile. Once `rl.dynamic_sampling_max_batches` episode
+batches have finished while rows waited (`waited_batches`, checkpointed), the next update may
+be partial, as without the option. The idle count of `rl.max_idle_batches` is then of the
+batches finished since the last harvest that readied a row (without the option an update
+follows every readied row, and resets it).
+
 With stage rewards and corrections off (`experiments/outcome_grpo.py`) the same loop is
 outcome-only GRPO. The phase also ends early on `rl.max_idle_batches` episode batches in a row
 without learning signal, once `rl.episode_budget` training episodes have finished (equal-rollout
@@ -37,6 +46,9 @@ from agentic_grpo.train import session as session_lib
 # The share of training stages skipped for length above which a run without learning signal
 # is blamed on `rl.buckets`.
 _MOSTLY_SKIPPED = 0.5
+# Replay counters of its group filters (`rl.dynamic_sampling`, `rl.pass_rate_filter`), logged as
+# `loop/<name>` (present once the filter is on).
+_GROUP_FILTER_COUNTS = ("dynamic_sampling_dropped_groups", "pass_rate_filtered_groups")
 
 
 class RLPhase:
@@ -53,6 +65,8 @@ class RLPhase:
     self.updates: list[tuple[device_lib.Pending, dict[str, float]]] = []
     self.tokens = 0
     self.idle_batches = 0
+    # Dynamic sampling: episode batches finished while rows waited for a full update.
+    self.waited_batches = 0
     self.t_logged = time.time()
     # Seconds in the agent loop (sampling, waiting for the sandbox) since the last row: the
     # learner's idle share of the interval (`loop/learner_idle_fraction`; not checkpointed).
@@ -92,7 +106,8 @@ class RLPhase:
         break
       if agreed.update:
         self._update(agreed.buckets,
-                     batching.row_bucket(agreed.rows, s.rl_rows, s.row_granule))
+                     batching.row_bucket(agreed.rows, s.rl_rows, s.row_granule),
+                     partial=agreed.rows < s.rl_rows)
       else:
         self._agent_step()
     if not s.stopping():
@@ -106,11 +121,18 @@ class RLPhase:
     return s.coord.agree(ready=ready, rows=s.rl_rows, want_bucket=want,
                          fits=s.replay.ready_fitting(s.cfg.rl.buckets), buckets=s.cfg.rl.buckets,
                          sampling=s.agent.phase == "sample", idle_batches=self.idle_batches,
-                         stop=s.stop_requested)
+                         stop=s.stop_requested, full_only=self._waits_for_full())
 
-  def _update(self, buckets: tuple[int, ...], rows: int) -> None:
+  def _waits_for_full(self) -> bool:
+    """Dynamic sampling, its cap not reached: this process waits for a full update."""
+    rl = self.s.cfg.rl
+    return rl.dynamic_sampling and (not rl.dynamic_sampling_max_batches
+                                    or self.waited_batches < rl.dynamic_sampling_max_batches)
+
+  def _update(self, buckets: tuple[int, ...], rows: int, partial: bool = False) -> None:
     """One policy update on the oldest ready rows (or padding where a process has none), in a
-    batch of `rows` rows (the agreed row bucket: a flush before a sample phase carries few)."""
+    batch of `rows` rows (the agreed row bucket: a flush before a sample phase carries few;
+    `partial`: fewer than a full update's)."""
     s = self.s
     t0 = time.time()
     batch = s.replay.take(rows, s.step - s.ws_steps, buckets) if s.replay.num_ready else None
@@ -125,6 +147,9 @@ class RLPhase:
     s.step += 1
     self.updates_run += 1
     self.idle_batches = 0
+    if s.cfg.rl.dynamic_sampling:
+      self.waited_batches = 0
+      s.counters["dynamic_sampling_partial_updates"] += int(partial and s.coord.is_primary)
     self.updates.append((pending, {k: float(v) for k, v in sorted(stats.items())}))
     self.tokens += pending.tokens
     eval_due = session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps)
@@ -142,13 +167,30 @@ class RLPhase:
       s.device.wait()  # the sampler needs the updated parameters: the learner's time
       self.busy["learner"] += time.time() - t0
     t1 = time.time()
+    readied = self._readied()
     harvested = s.agent.step(s.device.policy, s.step - s.ws_steps)
     self.busy[part] += time.time() - t1
     self.agent_seconds += time.time() - t0
     if harvested:
       self.harvest_rows.append(harvested)
-      if "reward/final" in harvested:
+      if s.cfg.rl.dynamic_sampling:
+        self._count_waiting("reward/final" in harvested, self._readied() > readied)
+      elif "reward/final" in harvested:
         self.idle_batches += 1
+
+  def _readied(self) -> int:
+    """Items the replay has readied so far."""
+    counters = self.s.replay.counters
+    return counters.get("provisional_items", 0) + counters.get("correction_items", 0)
+
+  def _count_waiting(self, finished: bool, readied: bool) -> None:
+    """Dynamic sampling's counts after a harvest (module docstring): idle batches, and
+    finished batches while rows wait for a full update."""
+    if readied:
+      self.idle_batches = 0
+    if finished:
+      self.idle_batches += int(not readied)
+      self.waited_batches += int(self.s.replay.num_ready > 0)
 
   def _end_without_signal(self, idle: int) -> None:
     s = self.s
@@ -170,7 +212,9 @@ class RLPhase:
       self.last_update = updates[-1]
     s.counters.update(s.agent.pop_counts())  # errors and sandbox verdicts of harvested jobs
     local = {"harvest": metrics_lib.values_by_key(self.harvest_rows),
-             "counts": dict(s.counters), "loop": dict(s.agent.counters),
+             "counts": dict(s.counters),
+             "loop": {**s.agent.counters, **{k: v for k, v in s.replay.counters.items()
+                                            if k in _GROUP_FILTER_COUNTS}},
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
              "stats": [stats for _, stats in self.updates],
              "replay": {k: s.replay.counters.get(k, 0) for k in metrics_lib.REPLAY_TOTALS}}
@@ -205,7 +249,7 @@ class RLPhase:
     meta)."""
     updates = self.s.device.fetch([p for p, _ in self.updates])
     return {"harvest_rows": self.harvest_rows, "idle_batches": self.idle_batches,
-            "tokens": self.tokens,
+            "waited_batches": self.waited_batches, "tokens": self.tokens,
             "updates": [{"metrics": {k: float(v) for k, v in m.items()}, "stats": stats}
                         for m, (_, stats) in zip(updates, self.updates)],
             "rl_seconds": self.rl_seconds + (time.time() - self.t_logged)}
@@ -214,10 +258,12 @@ class RLPhase:
     # Unlogged rows and the idle count: a checkpoint of an earlier version without one starts
     # it afresh (logged metrics only; at most `rl.max_idle_batches` more idle batches).
     saved = records.read(saved, "meta.rl_phase", defaults={
-        "harvest_rows": [], "idle_batches": 0, "tokens": 0, "updates": []})
+        "harvest_rows": [], "idle_batches": 0, "waited_batches": 0, "tokens": 0,
+        "updates": []})
     self.harvest_rows = [dict(r) for r in saved["harvest_rows"]]
     self.rl_seconds = float(saved.get("rl_seconds", 0.0))  # wall clock: no record to fill in
     self.idle_batches = int(saved["idle_batches"])
+    self.waited_batches = int(saved["waited_batches"])
     self.tokens = int(saved["tokens"])
     self.updates = [(device_lib.Pending(u["metrics"], 0), dict(u["stats"]))
                     for u in saved["updates"]]
@@ -233,6 +279,9 @@ class RLPhase:
       return (f"{skipped} of {sampled} stage samples were skipped: contexts longer than the "
               f"largest bucket (rl.buckets[-1] - workflow.max_new_tokens = "
               f"{cfg.rl.buckets[-1] - cfg.workflow.max_new_tokens} tokens): raise rl.buckets")
+    if cfg.rl.pass_rate_filter:
+      return (f"every group's rewards tied (all advantages 0) or its pass rate lay outside "
+              f"rl.pass_rate_filter={tuple(cfg.rl.pass_rate_filter)}")
     return "every group's rewards tied: all advantages 0"
 
   def verdict(self) -> Optional[str]:

@@ -40,7 +40,8 @@ def periodic(step: int, every: int, *, start: int = 0) -> bool:
 
 
 def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
-  """The staged replay of this process, from the `rl`, `correction` and `replay` sections."""
+  """The staged replay of this process, from the `rl`, `correction` and `replay` sections
+  (`rl.dynamic_sampling`: drop groups without signal; `rl.pass_rate_filter`: the band)."""
   cfg = comp.cfg
   return replay_lib.StagedReplay(
       group_size=cfg.rl.group_size, num_stages=comp.num_stages,
@@ -52,7 +53,8 @@ def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
       when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
       pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
           cfg.loss.ratio_level, cfg.loss.aggregation),
-      stage_credit=cfg.correction.stage_credit)
+      stage_credit=cfg.correction.stage_credit, drop_tied_groups=cfg.rl.dynamic_sampling,
+      pass_rate_band=tuple(cfg.rl.pass_rate_filter) or None)
 
 
 class Session:
