@@ -132,9 +132,9 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
       have strictly opposite signs; a target of exactly 0 withdraws the provisional update
       without reversing it) and `corrections` added; with `stage_tied`,
       `dynamic_sampling_dropped_groups`; with `filtered`, `pass_rate_filtered_groups`.
-    stage_tied: optional `[B, S]` bool (`stage_ties`; all False for outcome-only runs): with
-      it, a group whose stages are all tied and whose targets are all 0 carries no signal and
-      readies nothing (dynamic sampling).
+    stage_tied: optional `[B, S]` bool (`stage_ties`; all True for outcome-only runs, which
+      give no provisional advantage): with it, a group whose stages are all tied and whose
+      targets are all 0 carries no signal and readies nothing (dynamic sampling).
     filtered: optional `[B]` bool (`outside_band`): groups whose target is 0 on every segment
       (the pass-rate filter); they ready only the withdrawals of applied provisional updates.
   """
