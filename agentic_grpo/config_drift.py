@@ -26,11 +26,12 @@ FIXED = frozenset({
     "model.source", "model.path", "model.param_dtype", "model.preset", "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads",
     "model.head_dim", "model.mlp_dim", "model.max_seq_len",
     "task.source", "task.seed", "task.depths", "task.string_prob", "task.ambiguity_target",
-    "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",
+    "task.num_public", "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",
     "task.path", "task.heldout_fraction", "task.split_seed", "task.stdio_layout",
     "task.check_references", "task.tfds_name",
     "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
-    "workflow.reward_mode", "workflow.reference_fix_fraction", "workflow.num_agent_tests",
+    "workflow.reward_mode", "workflow.reference_fix_fraction",
+    "workflow.reference_error_rate", "workflow.num_agent_tests",
     "workflow.num_pieces", "workflow.final_reward_delay_s",
     "workflow.stage_rewards", "workflow.max_new_tokens", "workflow.max_obs_chars",
     "workflow.max_value_chars", "workflow.min_test_input_len",
@@ -61,6 +62,7 @@ MAY_CHANGE = frozenset({
     "rl.num_steps",  # the run's length (and the cosine schedule's)
     "rl.episode_budget",  # the run's length in episodes
     "rl.micro_batches",  # the same update, accumulated in other slices
+    "rl.pack_prefix", "rl.packed_buckets",  # the same update, in packed rows
     "model.attention_chunk",  # the same attention, computed in query chunks
     "rl.max_idle_batches", "rl.max_skipped_updates",
     "optim.max_consecutive_nonfinite",

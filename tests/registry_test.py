@@ -95,6 +95,11 @@ class TaskSourceTest(absltest.TestCase):
         split_by="task"))
     for split in ("train", "test"):
       self.assertEqual(tasks.task(split, 5), want.task(split, 5))
+    four = sources.TASK_SOURCES.get("synthetic")(
+        config_lib.TaskSection(depths=(1,), num_public=(4,), split_by="task"))
+    self.assertEqual({len(four.task("train", i).public_examples) for i in range(8)}, {4})
+    with self.assertRaisesRegex(ValueError, "config.task.num_public"):
+      config_lib.TaskSection(num_public=(0, 2)).validate("config.task")
 
   def test_config_validates_task_source(self):
     with self.assertRaisesRegex(ValueError, r"config.task.source must be one of "

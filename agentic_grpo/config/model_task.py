@@ -91,6 +91,8 @@ class TaskSection:
     depths: program composition depths drawn from.
     string_prob: probability of a string-typed task, in [0, 1].
     ambiguity_target: share of tasks whose visible examples admit other programs, in [0, 1].
+    num_public: choices of the number of public examples in a synthetic prompt (each >= 1):
+      more examples make the program easier to infer (and ambiguity rarer).
     num_hidden: hidden tests per task (>= 8).
     split_by: split rule: `program` or `task`.
     train_size: finite training pool size (0 = an endless stream).
@@ -117,6 +119,7 @@ class TaskSection:
   depths: tuple[int, ...] = (1,)
   string_prob: float = 0.4
   ambiguity_target: float = 0.3
+  num_public: tuple[int, ...] = (2, 3)
   num_hidden: int = 8
   split_by: str = "program"
   train_size: int = 0
@@ -138,6 +141,8 @@ class TaskSection:
                  self.string_prob)
     checks.check(0.0 <= self.ambiguity_target <= 1.0, f"{path}.ambiguity_target",
                  "must be in [0, 1]", self.ambiguity_target)
+    checks.check(len(self.num_public) > 0 and min(self.num_public) >= 1, f"{path}.num_public",
+                 "must be non-empty and >= 1", self.num_public)
     checks.check(self.num_hidden >= 8, f"{path}.num_hidden", "must be >= 8", self.num_hidden)
     checks.choice(f"{path}.split_by", self.split_by, synthetic.SPLIT_BY)
     checks.check(self.train_size >= 0, f"{path}.train_size", "must be >= 0", self.train_size)

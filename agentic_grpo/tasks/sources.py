@@ -66,15 +66,16 @@ TASK_SOURCES: registry.Registry[Any] = registry.Registry("task source")
 @TASK_SOURCES.register("synthetic")
 def synthetic_source(section: Any, sandbox_section: Any = None) -> synthetic.SyntheticTasks:
   """The synthetic generator of the `task` section's `seed`, `depths`, `string_prob`,
-  `ambiguity_target`, `num_hidden` and `split_by` (its other knobs keep their defaults).
+  `ambiguity_target`, `num_public`, `num_hidden` and `split_by` (its other knobs keep their
+  defaults).
 
   Raises:
     ValueError: from `synthetic.SyntheticConfig` for a bad field value.
   """
   return synthetic.SyntheticTasks(synthetic.SyntheticConfig(
       seed=section.seed, depths=section.depths, string_prob=section.string_prob,
-      ambiguity_target=section.ambiguity_target, num_hidden=section.num_hidden,
-      split_by=section.split_by))
+      ambiguity_target=section.ambiguity_target, num_public=tuple(section.num_public),
+      num_hidden=section.num_hidden, split_by=section.split_by))
 
 
 def _finite(section: Any, tasks: list[task_lib.Task], name: str,
