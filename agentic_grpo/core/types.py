@@ -44,18 +44,32 @@ class UpdateBatch(NamedTuple):
 
   Padding rows have an all-False `loss_mask` and weight 0.
 
+  A *packed* batch (shared-prefix packing, `core.packing`) also has `positions` and
+  `branches`: several token rows that share a prefix hold it once, `[prefix | suffix_1 |
+  suffix_2 | ...]`; every per-token field is in that packed layout. Both are None in an
+  unpacked batch (positions `0 .. T - 1`, the plain causal mask).
+
   Attributes:
     tokens: `[N, T]` int32 token ids.
     loss_mask: `[N, T]` bool, True on the tokens the policy generated and is trained on.
     behaviour_logprobs: `[N, T]` float32 log π_β of each token at sampling time (0 off the mask).
     advantages: `[N, T]` float32 per-token advantage (staleness weight folded in).
     sample_weights: `[N]` float32 row weights (1 for real rows, 0 for padding rows).
+    positions: None, or `[N, T]` int32 rotary positions of each token in its own row.
+    branches: None, or `[N, T]` int32: 0 on a row's shared prefix, i > 0 on its suffix i.
   """
   tokens: Any
   loss_mask: Any
   behaviour_logprobs: Any
   advantages: Any
   sample_weights: Any
+  positions: Any = None
+  branches: Any = None
+
+  @property
+  def packed(self) -> bool:
+    """Whether the batch carries a packed layout (`positions` and `branches`)."""
+    return self.branches is not None
 
   def check(self) -> "UpdateBatch":
     """Returns `self` after checking every field's rank, shape and dtype.
@@ -71,24 +85,36 @@ class UpdateBatch(NamedTuple):
     _check_field("UpdateBatch", "advantages", self.advantages, 2, np.float32, shape)
     _check_field("UpdateBatch", "sample_weights", self.sample_weights, 1, np.float32,
                  shape[:1])
+    if (self.positions is None) != (self.branches is None):
+      raise ValueError("UpdateBatch.positions and UpdateBatch.branches must be given together "
+                       "(a packed batch) or both be None")
+    if self.branches is not None:
+      _check_field("UpdateBatch", "positions", self.positions, 2, np.int32, shape)
+      _check_field("UpdateBatch", "branches", self.branches, 2, np.int32, shape)
     return self
 
   @classmethod
-  def padding(cls, rows: int, length: int) -> "UpdateBatch":
+  def padding(cls, rows: int, length: int, *, packed: bool = False) -> "UpdateBatch":
     """`rows` padding rows of `length` tokens (no loss token, weight 0), as NumPy arrays.
 
-    A process's share of a global batch when it has no ready row.
+    A process's share of a global batch when it has no ready row. `packed`: with the packed
+    layout's fields (positions `0 .. length - 1`, branch 0: unpacked rows).
 
     Raises:
       ValueError: unless `rows >= 1` and `length >= 1`.
     """
     if rows < 1 or length < 1:
       raise ValueError(f"rows and length must be >= 1, got rows={rows}, length={length}")
+    layout = {}
+    if packed:
+      layout = {"positions": np.broadcast_to(np.arange(length, dtype=np.int32),
+                                             (rows, length)).copy(),
+                "branches": np.zeros((rows, length), np.int32)}
     return cls(tokens=np.zeros((rows, length), np.int32),
                loss_mask=np.zeros((rows, length), bool),
                behaviour_logprobs=np.zeros((rows, length), np.float32),
                advantages=np.zeros((rows, length), np.float32),
-               sample_weights=np.zeros((rows,), np.float32))
+               sample_weights=np.zeros((rows,), np.float32), **layout)
 
 
 class SFTBatch(NamedTuple):

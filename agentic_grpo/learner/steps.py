@@ -15,6 +15,7 @@ import optax
 from agentic_grpo import config as config_lib
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses as losses_lib
+from agentic_grpo.core import packing
 from agentic_grpo.core import types as core_types
 from agentic_grpo.learner.shardings import Shardings
 from agentic_grpo.learner import state as state_lib
@@ -40,9 +41,19 @@ def _aligned_entropy(logits, loss_mask, transform: core_types.SamplingTransform)
   return jnp.concatenate([jnp.zeros_like(h[:, :1]), h], axis=1)
 
 
-def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTransform):
-  """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`."""
-  logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
+def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTransform,
+                    positions=None, branches=None):
+  """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`, and
+  `logits[:, t]` scores `tokens[:, t + 1]`.
+
+  With `positions` and `branches` (a packed batch, `core.packing`) the forward uses the tree
+  mask and the logits come back in that unpacked order (`core.packing.shifted_logits`: the
+  first token of a suffix is scored from the prefix's last slot)."""
+  if branches is None:
+    logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
+  else:
+    logits, _ = transformer.apply(graphdef, params, tokens, positions, branches=branches)
+    logits = packing.shifted_logits(logits, positions, branches)
   return _aligned_logprobs(logits, tokens, transform), logits
 
 
@@ -147,7 +158,11 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
       `behaviour_logprobs [N, T]` f32, `advantages [N, T]` f32, `sample_weights [N]` f32, 0 on
       padding rows); checked when traced (`ValueError` naming a field of the wrong shape or
       dtype). N is a multiple of `rl.micro_batches`, at most `rl.rows_per_update`; each row
-      count compiles once, and padding rows change neither the loss nor its gradient.
+      count compiles once, and padding rows change neither the loss nor its gradient. A
+      packed batch (`positions` and `branches`, shared-prefix packing: `core.packing`) gives
+      every token the log-prob of its unpacked row (policy and KL reference alike); with a
+      loss additive over a row's tokens (`core.losses.segments_additive`) its loss and
+      gradient are those of the unpacked rows.
     ref_params: reference-model params for the KL term (ignored when `loss.kl_beta == 0`).
   and returns the new state and a dict of scalar float32 metrics: `loss`, `pg_loss`, `kl`,
   `entropy` (nats: the token-level entropy of the sampling distribution, temperature and
@@ -179,7 +194,8 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
 
   def loss_fn(params, mb: core_types.UpdateBatch, ref_params):
     mask = mb.loss_mask
-    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform)
+    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform, mb.positions,
+                                       mb.branches)
     pg, metrics = losses_lib.policy_loss(
         logprobs, mb.behaviour_logprobs, mb.advantages, mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
@@ -189,7 +205,8 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
       kl_lp = _aligned_logprobs(logits, mb.tokens, kl_transform) if filtered else logprobs
-      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform)
+      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform, mb.positions,
+                                  mb.branches)
       kl = losses_lib.aggregate(
           losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
           loss_cfg.aggregation, max_tokens, num_rows=num_rows)

@@ -19,7 +19,9 @@ appears here and nothing needs an active mesh.
 Attention masking is by storage order plus validity: a query attends to keys
 stored at or before its own slot whose `segment_mask` entry is True. Positions
 only drive the rotary embedding, so right-padded rows, ragged prompts in a KV
-cache and empty cache slots all use the same rule.
+cache and empty cache slots all use the same rule. A packed learner row
+(`branches`, `core.packing`) adds one more: a query sees only its shared prefix
+and its own suffix.
 """
 
 import dataclasses
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
+from agentic_grpo.core import packing
 from agentic_grpo.core import types as core_types
 
 # Finite "minus infinity" for masked attention scores: a fully masked query row
@@ -501,7 +504,7 @@ class Transformer(nnx.Module):
                             ("embed", "vocab"), c.param_dtype)
 
   def __call__(self, tokens, positions, cache: Optional[KVCache] = None, segment_mask=None,
-               logits_at=None):
+               logits_at=None, branches=None):
     c = self.config
     n, t = tokens.shape
     if segment_mask is None:
@@ -518,6 +521,8 @@ class Transformer(nnx.Module):
       q_slots = index + jnp.arange(t)
       k_slots = jnp.arange(cache.valid.shape[1])
     mask = (k_slots[None, :] <= q_slots[:, None])[None] & valid[:, None, :]  # [N, T, S]
+    if branches is not None:  # shared-prefix packing (no cache): prefix or own branch only
+      mask = mask & packing.tree_mask(branches)
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
@@ -576,12 +581,24 @@ def init_model(config: ModelConfig, rng) -> tuple[nnx.GraphDef, nnx.State]:
   return graphdef, init_params(config, rng)
 
 
+def attention_cost(config: ModelConfig) -> float:
+  """Flops of one query-key pair of attention (scores and values, every layer) relative to
+  the flops of one token's other work (projections, MLP, logits): a row of T tokens costs
+  about `T · (1 + attention_cost · T)` of the latter (forward and backward alike)."""
+  c = config
+  per_token = c.n_layers * (c.d_model * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+                            + c.n_heads * c.head_dim * c.d_model
+                            + 3 * c.d_model * c.mlp_dim) + c.d_model * c.vocab_size
+  per_pair = c.n_layers * 2 * c.n_heads * c.head_dim
+  return per_pair / per_token
+
+
 def param_count(params: nnx.State) -> int:
   """Total number of parameter scalars."""
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def _check_tokens(tokens, positions, segment_mask):
+def _check_tokens(tokens, positions, segment_mask, branches=None):
   if tokens.ndim != 2:
     raise ValueError(f"tokens must be [N, T], got shape {tuple(tokens.shape)}")
   if tuple(positions.shape) != tuple(tokens.shape):
@@ -590,6 +607,9 @@ def _check_tokens(tokens, positions, segment_mask):
   if segment_mask is not None and tuple(segment_mask.shape) != tuple(tokens.shape):
     raise ValueError(f"segment_mask shape {tuple(segment_mask.shape)} must equal tokens "
                      f"shape {tuple(tokens.shape)}")
+  if branches is not None and tuple(branches.shape) != tuple(tokens.shape):
+    raise ValueError(f"branches shape {tuple(branches.shape)} must equal tokens shape "
+                     f"{tuple(tokens.shape)}")
 
 
 def apply(
@@ -600,6 +620,7 @@ def apply(
     cache: Optional[KVCache] = None,
     segment_mask: Optional[jax.Array] = None,
     logits_at: Optional[jax.Array] = None,
+    branches: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, Optional[KVCache]]:
   """Forward pass; pure, to be used under `jax.jit`.
 
@@ -617,6 +638,10 @@ def apply(
       that token's logits are computed (a prefill needs the last prompt
       token's), and the last block's MLP runs on those tokens alone. The
       cache is filled as without it.
+    branches: optional `[N, T]` int32 of a packed row (shared-prefix packing, no cache;
+      `core.packing`): 0 on the shared prefix, i > 0 on suffix i; a query then attends only
+      to keys at or before its slot whose branch is 0 or its own, with `positions` continuing
+      from the prefix in each suffix. None (default): the plain causal mask.
 
   Returns:
     `(logits [N, T, V] float32, new_cache)` (`[N, 1, V]` with `logits_at`);
@@ -625,10 +650,12 @@ def apply(
 
   Raises:
     ValueError: on rank or shape mismatch of `tokens`, `positions`,
-      `segment_mask`, `logits_at`, or a cache whose batch differs from
-      `tokens`.
+      `segment_mask`, `logits_at`, `branches`, a cache whose batch differs from
+      `tokens`, or `branches` with a cache.
   """
-  _check_tokens(tokens, positions, segment_mask)
+  _check_tokens(tokens, positions, segment_mask, branches)
+  if branches is not None and cache is not None:
+    raise ValueError("branches (a packed row) cannot be used with a KV cache")
   if cache is not None and cache.valid.shape[0] != tokens.shape[0]:
     raise ValueError(f"cache batch {cache.valid.shape[0]} must equal tokens batch "
                      f"{tokens.shape[0]}")
@@ -638,7 +665,8 @@ def apply(
   model = nnx.merge(graphdef, params)
   return model(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache=cache,
                segment_mask=None if segment_mask is None else segment_mask.astype(jnp.bool_),
-               logits_at=None if logits_at is None else logits_at.astype(jnp.int32))
+               logits_at=None if logits_at is None else logits_at.astype(jnp.int32),
+               branches=None if branches is None else branches.astype(jnp.int32))
 
 
 def sequence_logprobs(

@@ -14,9 +14,25 @@ homogeneous in the advantage, so a staleness weight `w >= 0` is folded into the 
 advantage exactly. The batch's row count is the caller's: `row_buckets` are the counts an
 update uses (a flush before a sample phase carries few rows; it is not padded to a full
 update).
+
+Shared-prefix packing (`PrefixPacking`, tree attention: `core.packing`). The items of a group
+repeat its task prompt (and a correction row its whole episode's context up to the first loss
+token). With packing, `take` pops the same items and lays them out differently: items whose
+rows share a prefix go into one row `[prefix | suffix_1 | suffix_2 | ...]`, each suffix
+attending to the prefix and itself at the positions of its own row, so each token's log-prob is
+its unpacked row's. The prefix ends before every packed item's first loss token, so no loss
+token is shared, and the per-token loss terms (advantages, behaviour log-probs, masks,
+staleness weights, per segment through the `token_segment` owners) are carried over token by
+token. Only for a loss additive over a row's tokens (`core.losses.segments_additive`): the
+caller decides, as for corrections. Items are found by their tokens, not their group: sorted
+by token row, runs of neighbours that share a prefix are packed into the fewest rows that fit
+(`plan_packs`); of the `PrefixPacking.buckets`, the row length of least estimated compute is
+used (`PrefixPacking.cost`: token slots of the padded batch, and the dense masked attention
+over them). Which items an update takes, and therefore every update's loss, is unchanged.
 """
 
 import collections
+import dataclasses
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -118,13 +134,49 @@ def row_bucket(rows: int, max_rows: int, granule: int = 1) -> int:
   return next(n for n in row_buckets(max_rows, granule) if n >= rows)
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefixPacking:
+  """Shared-prefix packing of a batch's items (module docstring).
+
+  Attributes:
+    buckets: the packed batch's row lengths, strictly increasing; the largest at least the
+      longest item (every item fits a row of its own).
+    row_granule: the packed batch's row count is a multiple of it (`row_buckets`).
+    attention_cost: compute of one query-key pair of the dense masked attention, relative to
+      the rest of one token's forward and backward (projections, MLP, logits); it weighs row
+      length against row count when the row length is chosen (`cost`). It changes only
+      speed, never a result.
+  """
+  buckets: tuple[int, ...]
+  row_granule: int = 1
+  attention_cost: float = 1e-3
+
+  def __post_init__(self):
+    buckets = tuple(int(b) for b in self.buckets)
+    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
+      raise ValueError(f"PrefixPacking.buckets must be strictly increasing positive lengths, "
+                       f"got {self.buckets}")
+    if self.row_granule < 1:
+      raise ValueError(f"PrefixPacking.row_granule must be >= 1, got {self.row_granule}")
+    if not self.attention_cost >= 0.0:
+      raise ValueError(f"PrefixPacking.attention_cost must be >= 0, got {self.attention_cost}")
+    object.__setattr__(self, "buckets", buckets)
+
+  def cost(self, rows: int, length: int) -> float:
+    """Estimated compute of a batch of `rows` rows of `length` tokens (relative units)."""
+    return rows * length * (1.0 + self.attention_cost * length)
+
+
 def take(ready: collections.deque, max_rows: int, current_version: int,
          buckets: Sequence[int], *, max_staleness: int, staleness_mode: str,
-         on_taken: Callable[[records.Item, float], None]) -> tuple[Optional[records.Batch],
-                                                                    collections.Counter]:
+         on_taken: Callable[[records.Item, float], None],
+         packing: Optional[PrefixPacking] = None) -> tuple[Optional[records.Batch],
+                                                            collections.Counter]:
   """Pops up to `max_rows` items of `ready` into a `Batch` (see `StagedReplay.take`).
 
   `on_taken(item, w)` is called for every popped provisional item with its staleness weight.
+  `packing`: lay the items out with shared-prefix packing (module docstring); the same items
+  are popped either way.
 
   Returns:
     `(batch or None, stats)`: None when no popped item kept a loss token.
@@ -156,6 +208,8 @@ def take(ready: collections.deque, max_rows: int, current_version: int,
     chosen.append((item, w))
   if not chosen:
     return None, stats
+  if packing is not None:
+    return _assemble_packed(chosen, int(max_rows), packing, stats), stats
   return _assemble(chosen, int(max_rows), int(bucket), stats), stats
 
 
@@ -163,7 +217,7 @@ def _assemble(chosen: list[tuple[records.Item, np.ndarray]], n: int, t: int,
               stats: collections.Counter) -> records.Batch:
   """The `[n, t]` batch of the chosen items and their per-segment weights."""
   update = core_types.UpdateBatch.padding(n, t)
-  tokens, mask, blp, adv, weights = update
+  tokens, mask, blp, adv, weights = update[:5]
   kinds, segments = [], []
   for r, (item, w) in enumerate(chosen):
     length = item.length
@@ -182,6 +236,153 @@ def _assemble(chosen: list[tuple[records.Item, np.ndarray]], n: int, t: int,
   stats["rows"] = len(chosen)
   stats["row_slots"] = n
   stats["token_slots"] = n * t
+  stats["loss_tokens"] = int(mask.sum())
+  stats["padding_fraction"] = 1.0 - float(mask.sum()) / float(n * t)
+  return records.Batch(update, kinds, segments, dict(stats))
+
+
+# ------------------------------------------------------------------ shared-prefix packing
+
+
+def _weighted(item: records.Item, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`(loss_mask, behaviour_logprobs, advantages)` `[L]` of `item` with its per-segment
+  staleness weights `w` applied (dropped segments masked out), as `_assemble` writes a row."""
+  owner = item.token_segment
+  seg_w = np.where(owner >= 0, w[np.maximum(owner, 0)], 0.0)
+  seg_a = np.where(owner >= 0, item.seg_advantage[np.maximum(owner, 0)], 0.0)
+  mask = item.loss_mask & (seg_w > 0.0)
+  blp = np.where(mask, item.behaviour_logprobs, 0.0).astype(np.float32)
+  adv = np.where(mask, seg_a * seg_w, 0.0).astype(np.float32)
+  return mask, blp, adv
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+  """Length of the longest common prefix of two token rows."""
+  n = min(a.shape[0], b.shape[0])
+  diff = np.flatnonzero(a[:n] != b[:n])
+  return int(diff[0]) if diff.size else n
+
+
+def packed_length(lengths: Sequence[int], prefix: int) -> int:
+  """Tokens of a packed row of items of `lengths` sharing `prefix` (one item: its length)."""
+  if len(lengths) == 1:
+    return int(lengths[0])
+  return int(prefix + sum(n - prefix for n in lengths))
+
+
+def plan_packs(tokens: Sequence[np.ndarray], first_loss: Sequence[int],
+               max_length: int) -> list[tuple[list[int], int]]:
+  """Groups items into the fewest packed rows of at most `max_length` tokens.
+
+  Items are sorted by token row (rows that share a prefix become neighbours; ties keep their
+  order) and the sorted list is cut into runs, each one packed row: a run's prefix is its common
+  prefix, cut to end before every member's first loss token (`first_loss`, the index of an
+  item's first loss token), and at least one token. Of all such cuts, one with the fewest rows
+  (dynamic programming over the cut points; an item longer than `max_length` gets a row of its
+  own).
+
+  Returns:
+    `[(members, prefix)]`: item indices in row order, and the shared prefix (a single item's
+    `prefix` is its length: the whole row is branch 0), rows ordered by their oldest member.
+  """
+  n = len(tokens)
+  order = sorted(range(n), key=lambda i: (tokens[i].tolist(), i))
+  lengths = [int(tokens[i].shape[0]) for i in order]
+  firsts = [int(first_loss[i]) for i in order]
+  shared = [common_prefix(tokens[order[j - 1]], tokens[order[j]]) for j in range(1, n)]
+  rows = [0] + [n + 1] * n  # rows[j]: fewest rows holding the first j sorted items
+  start = [0] * (n + 1)  # where the last run of the best cut of the first j items starts
+  prefix_of = [0] * (n + 1)
+  for i in range(n):
+    total, prefix = 0, 0
+    for j in range(i, n):
+      total += lengths[j]
+      if j == i:
+        prefix, length = firsts[j], lengths[j]
+      else:
+        prefix = min(prefix, shared[j - 1], firsts[j])
+        length = total - (j - i) * prefix
+        if prefix < 1 or length > max_length:  # only grows with j
+          break
+      if rows[i] + 1 < rows[j + 1]:
+        rows[j + 1], start[j + 1] = rows[i] + 1, i
+        prefix_of[j + 1] = prefix if j > i else lengths[j]
+  packs = []
+  j = n
+  while j > 0:
+    i = start[j]
+    packs.append(([order[k] for k in range(i, j)], prefix_of[j]))
+    j = i
+  return sorted(packs, key=lambda pack: min(pack[0]))
+
+
+def _packed_rows(rows: int, max_rows: int, granule: int) -> int:
+  """The row bucket of `rows` packed rows (`row_bucket`), or `max_rows` when `granule` does
+  not divide it."""
+  if max_rows % granule:
+    return max_rows
+  return row_bucket(rows, max_rows, granule)
+
+
+def _assemble_packed(chosen: list[tuple[records.Item, np.ndarray]], n_max: int,
+                     packing: PrefixPacking, stats: collections.Counter) -> records.Batch:
+  """The packed batch of the chosen items (module docstring): at most `n_max` rows (fewer
+  when items share prefixes), rows of the `packing.buckets` length of least `cost`."""
+  items = [item for item, _ in chosen]
+  weighted = [_weighted(item, w) for item, w in chosen]
+  tokens = [item.tokens for item in items]
+  first_loss = [int(np.argmax(m)) if m.any() else m.shape[0] for m, _, _ in weighted]
+  longest = max(t.shape[0] for t in tokens)
+  best = None
+  for length in packing.buckets:
+    if length < longest:
+      continue
+    packs = plan_packs(tokens, first_loss, length)
+    rows = _packed_rows(len(packs), n_max, packing.row_granule)
+    t = bucket_for(max(packed_length([tokens[k].shape[0] for k in m], p) for m, p in packs),
+                   packing.buckets)
+    cost = packing.cost(rows, t)
+    if best is None or cost < best[0]:
+      best = (cost, packs, rows, t)
+  if best is None:
+    raise ValueError(f"a ready item has {longest} tokens, more than the largest packed "
+                     f"bucket {packing.buckets[-1]}")
+  _, packs, n, t = best
+  update = core_types.UpdateBatch.padding(n, t, packed=True)
+  kinds, segments = [], []
+  shared = 0
+  for r, (members, prefix) in enumerate(packs):
+    offset = prefix
+    for b, k in enumerate(members):
+      item, (mask, blp, adv) = items[k], weighted[k]
+      length = item.length
+      if len(members) == 1:
+        slots = np.arange(length)
+      else:
+        slots = np.concatenate([np.arange(prefix), offset + np.arange(length - prefix)])
+        update.branches[r, offset:offset + length - prefix] = b + 1
+        offset += length - prefix
+      update.tokens[r, slots] = item.tokens
+      update.positions[r, slots] = np.arange(length, dtype=np.int32)
+      update.loss_mask[r, slots] |= mask
+      update.behaviour_logprobs[r, slots] = np.where(
+          mask, blp, update.behaviour_logprobs[r, slots])
+      update.advantages[r, slots] = np.where(mask, adv, update.advantages[r, slots])
+      kinds.append(item.kind)
+      segments.extend((int(e), int(s), float(a * wk)) for e, s, a, wk in
+                      zip(item.seg_episode, item.seg_stage, item.seg_advantage, chosen[k][1]))
+      stats[f"rows_{item.kind}"] += 1
+    update.sample_weights[r] = 1.0
+    if len(members) > 1:
+      shared += (len(members) - 1) * prefix
+      stats["packed_items"] += len(members)
+  mask = update.loss_mask
+  stats["items"] = len(items)
+  stats["rows"] = len(packs)
+  stats["row_slots"] = n
+  stats["token_slots"] = n * t
+  stats["item_tokens"] = int(sum(item.length for item in items))
+  stats["shared_prefix_tokens"] = int(shared)
   stats["loss_tokens"] = int(mask.sum())
   stats["padding_fraction"] = 1.0 - float(mask.sum()) / float(n * t)
   return records.Batch(update, kinds, segments, dict(stats))

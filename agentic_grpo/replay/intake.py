@@ -70,6 +70,7 @@ class StagedReplay:
       stage_credit: str = "immediate",
       drop_tied_groups: bool = False,
       pass_rate_band: Optional[Sequence[float]] = None,
+      prefix_packing: Optional[batching.PrefixPacking] = None,
   ):
     """Creates an empty replay.
 
@@ -108,6 +109,10 @@ class StagedReplay:
         on every segment: no final or held item, and corrections that withdraw the provisional
         updates it received (with `correction`); counted
         (`counters["pass_rate_filtered_groups"]`).
+      prefix_packing: lay out `take`'s batches with shared-prefix packing (`batching`'s
+        module docstring), or None (one row per item). Pass it only for a loss that is
+        additive over a row's tokens (`core.losses.segments_additive`). The items taken, and
+        the state (`state_dict`), are the same either way.
 
     Raises:
       ValueError: naming the first bad argument.
@@ -153,6 +158,7 @@ class StagedReplay:
     self.stage_credit = stage_credit
     self.drop_tied_groups = bool(drop_tied_groups)
     self.pass_rate_band = pass_rate_band
+    self.prefix_packing = prefix_packing
     self._groups: dict[int, records.PendingGroup] = {}
     self._episodes: dict[int, records.PendingEpisode] = {}
     self._ready: collections.deque[records.Item] = collections.deque()
@@ -395,7 +401,8 @@ class StagedReplay:
 
   def take(self, max_rows: int, current_version: int,
            buckets: Sequence[int]) -> Optional[records.Batch]:
-    """Pops up to `max_rows` ready items into a fixed-shape batch `[max_rows, T]`.
+    """Pops up to `max_rows` ready items into a fixed-shape batch `[max_rows, T]` (with
+    `prefix_packing`: the same items in at most `max_rows` packed rows of a packed bucket).
 
     The bucket `T` is the smallest of `buckets` that holds the oldest ready item; the oldest
     items that fit in `T` fill the batch (FIFO otherwise). Staleness is judged against
@@ -423,7 +430,8 @@ class StagedReplay:
       raise ValueError("buckets must not be empty")
     batch, stats = batching.take(
         self._ready, max_rows, current_version, buckets, max_staleness=self.max_staleness,
-        staleness_mode=self.staleness_mode, on_taken=self._record_applied)
+        staleness_mode=self.staleness_mode, on_taken=self._record_applied,
+        packing=self.prefix_packing)
     self.counters.update({k: v for k, v in stats.items() if k.startswith("stale_")})
     return batch
 
