@@ -8,17 +8,23 @@ is left out of the time shares ("after warm-up"); the update shapes count every 
 
 Reported per task: the share of wall time the host spends on the learner (taking batches,
 dispatching updates, waiting for them), the sampler and the sandbox; the learner's idle share;
-and per update kind (provisional, correction, final = outcome-only target) the updates, real
-rows per update, and the padding fraction of the learner's row slots and token slots.
+the token slots of an update's batch (mean over updates: rows times row length, what the
+learner computes); and per update kind (provisional, correction, final = outcome-only target)
+the updates, real rows per update, and the padding fraction of the learner's row slots and
+token slots. With shared-prefix packing (`rl.pack_prefix`) a row holds several items (replay
+rows): `items/update` counts those.
 
-Each run is a fresh process (`python -m benchmarks.pipeline TASK WORKDIR [quick]`): its own
+Each run is a fresh process (`python -m benchmarks.pipeline TASK WORKDIR [quick] [KEY=VALUE
+...]`, `KEY` a `section.field` of the run config, `VALUE` a Python literal): its own
 compilations, and the experiments' flags apart from the suite's.
 
 Usage:
   python -m benchmarks.run --only pipeline [--quick]
+  python -m benchmarks.pipeline default /tmp/packed quick rl.pack_prefix=True   # one run
   python -m benchmarks.pipeline read WORKDIR_OR_METRICS...    # runs that already finished
 """
 
+import ast
 import collections
 import json
 import os
@@ -35,8 +41,9 @@ TASKS = ("default", "long_horizon")
 KINDS = ("provisional", "correction", "final")
 
 
-def task_config(task: str, quick: bool) -> ml_collections.ConfigDict:
-  """The run config of one task: a short RL phase, logged every step, no checkpoints.
+def task_config(task: str, quick: bool, overrides: Any = ()) -> ml_collections.ConfigDict:
+  """The run config of one task: a short RL phase, logged every step, no checkpoints;
+  `overrides`: `(section.field, value)` pairs set last.
 
   Raises:
     ValueError: for a task not in `TASKS`.
@@ -62,6 +69,9 @@ def task_config(task: str, quick: bool) -> ml_collections.ConfigDict:
   c.log.plot = False
   c.log.tensorboard = False
   c.checkpoint.every = 0
+  for key, value in overrides:
+    section, field = key.split(".")
+    c[section][field] = value
   return c
 
 
@@ -72,6 +82,11 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
   timed = rl[1:] or rl
   wall = sum(r.get("pipeline/wall_seconds", 0.0) for r in timed)
   out = {"rl_rows": len(rl), "wall_s": round(wall, 2)}
+  updates = sum(r.get(f"pipeline/updates_{k}", 0.0) for r in rl for k in KINDS)
+  slots = sum(r.get(f"pipeline/token_slots_{k}", 0.0) for r in rl for k in KINDS)
+  out["token_slots_per_update"] = round(slots / updates, 1) if updates else 0.0
+  items = [r.get("replay/items", r.get("replay/rows", 0.0)) for r in rl]
+  out["items_per_update"] = round(sum(items) / len(items), 2) if items else 0.0
   for part in ("learner", "sampler", "sandbox"):
     busy = sum(r.get(f"pipeline/{part}_busy_fraction", 0.0) * r.get("pipeline/wall_seconds", 0.0)
                for r in timed)
@@ -128,7 +143,8 @@ def run(quick: bool = False) -> dict:
 
 
 HEADER = ["updates of kind", "RL wall s", "learner busy", "sampler busy", "sandbox busy",
-          "learner idle", "updates", "rows/update", "row padding", "token padding"]
+          "learner idle", "updates", "token slots/update", "items/update", "rows/update",
+          "row padding", "token padding"]
 
 
 def table_rows(got: dict[str, dict[str, float]]) -> list[list[Any]]:
@@ -138,10 +154,12 @@ def table_rows(got: dict[str, dict[str, float]]) -> list[list[Any]]:
   for label, s in got.items():
     rows.append([label, "all", f"{s['wall_s']:.0f}", _pct(s["learner_busy"]),
                  _pct(s["sampler_busy"]), _pct(s["sandbox_busy"]), _pct(s["learner_idle"]),
-                 sum(s[f"updates_{k}"] for k in KINDS), "-", _pct(s.get("row_padding")), "-"])
+                 sum(s[f"updates_{k}"] for k in KINDS),
+                 f"{s.get('token_slots_per_update', 0):.0f}", f"{s.get('items_per_update', 0):.1f}",
+                 "-", _pct(s.get("row_padding")), "-"])
     for kind in KINDS:
       if s[f"updates_{kind}"]:
-        rows.append([label, kind, "", "", "", "", "", s[f"updates_{kind}"],
+        rows.append([label, kind, "", "", "", "", "", s[f"updates_{kind}"], "", "",
                      f"{s[f'rows_per_update_{kind}']:.1f}", _pct(s[f"row_padding_{kind}"]),
                      _pct(s[f"token_padding_{kind}"])])
   return rows
@@ -165,10 +183,13 @@ def read(paths: list[str]) -> dict[str, dict[str, float]]:
 
 
 def _train(argv: list[str]) -> None:
-  """The child process of `run_task`: `TASK WORKDIR [quick]`."""
+  """The child process of `run_task`: `TASK WORKDIR [quick] [KEY=VALUE ...]`."""
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   task, workdir = argv[:2]
-  train.run(task_config(task, argv[2:] == ["quick"]), workdir)
+  rest = argv[2:]
+  quick = "quick" in rest
+  overrides = [(k, ast.literal_eval(v)) for k, v in (a.split("=", 1) for a in rest if "=" in a)]
+  train.run(task_config(task, quick, overrides), workdir)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ def _pipeline(quick):
   return pipeline.run(quick)
 
 
+def _packing(quick):
+  from benchmarks import packing  # pylint: disable=g-import-not-at-top
+  return packing.run(quick)
+
+
 BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "update_flops": _update_flops,
     "sampler": _sampler,
@@ -63,6 +68,7 @@ BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "stdio": _stdio,
     "grpo_step": _grpo_step,
     "pipeline": _pipeline,
+    "packing": _packing,
 }
 
 

@@ -53,6 +53,20 @@ class RLSection:
   sampled again when it recurs (and trained on if its pass rate has moved into the band). With
   `dynamic_sampling`, the updates wait for rows of groups inside the band.
 
+  `pack_prefix` (shared-prefix packing, tree attention: `replay.batching`, `core.packing`)
+  lays out an update's rows anew: rows that share a prefix (the G attempts of a task share its
+  prompt; a stage's rows the episode's context) hold it once, `[prefix | suffix_1 | suffix_2
+  | ...]`, each suffix attending to the prefix and to itself at the positions of its own row.
+  Every token's log-prob is its row's (up to float reordering), so the update takes the same
+  rows, with the same loss and gradient, in fewer token slots: with the tiny default most of a
+  row is its prompt. A packed row is at most `packed_buckets[-1]` tokens (each of
+  `packed_buckets` compiles once per row count; `()`: `buckets` and twice each), and the length
+  used is the one of least estimated compute. The prefix ends before any packed row's
+  first loss token. It applies only where the loss is additive over a row's tokens
+  (`core.losses.segments_additive`: not with `loss.ratio_level='sequence'` nor
+  `loss.aggregation='seq_mean_token_mean'`, where it is silently off, as
+  `replay.pack_corrections`); Dr. GRPO's normaliser stays `rows_per_update · max_tokens`.
+
   Attributes:
     num_steps: learner updates of the RL phase.
     tasks_per_batch: tasks per episode batch (B).
@@ -76,6 +90,9 @@ class RLSection:
       while rows wait for a full update before they go as a partial one (0 = no cap).
     pass_rate_filter: `()` (off) or `(lo, hi)`, 0 <= lo <= hi <= 1: groups whose pass rate
       lies outside [lo, hi] are not trained on (see above).
+    pack_prefix: shared-prefix packing of an update's rows (see above).
+    packed_buckets: with pack_prefix, the packed rows' lengths, strictly increasing, the
+      largest at least `buckets[-1]`; `()` = `buckets` and twice each of them.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -93,8 +110,21 @@ class RLSection:
   dynamic_sampling: bool = False
   dynamic_sampling_max_batches: int = 10
   pass_rate_filter: tuple[float, ...] = ()
+  pack_prefix: bool = False
+  packed_buckets: tuple[int, ...] = ()
+
+  def packing_buckets(self) -> tuple[int, ...]:
+    """The packed rows' lengths: `packed_buckets`, or `buckets` and twice each of them."""
+    if self.packed_buckets:
+      return tuple(int(b) for b in self.packed_buckets)
+    return tuple(sorted({int(b) * k for b in self.buckets for k in (1, 2)}))
 
   def validate(self, path: str) -> None:
+    packed = tuple(self.packed_buckets)
+    checks.check(packed == () or (list(packed) == sorted(set(packed)) and packed[0] >= 8
+                                  and bool(self.buckets) and packed[-1] >= self.buckets[-1]),
+                 f"{path}.packed_buckets", "must be () (rl.buckets and twice each) or "
+                 "strictly increasing lengths >= 8, the largest >= rl.buckets[-1]", packed)
     checks.check(self.dynamic_sampling_max_batches >= 0, f"{path}.dynamic_sampling_max_batches",
                  "must be >= 0 (0 = no cap)", self.dynamic_sampling_max_batches)
     checks.check(self.pass_rate_filter == () or (

@@ -29,11 +29,13 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import sources
 from agentic_grpo.models import transformer
+from agentic_grpo.replay import batching
 
 
 NonFiniteUpdatesError = learner.NonFiniteUpdatesError
@@ -86,6 +88,36 @@ def build_model(cfg: config_lib.TrainConfig) -> ModelParts:
       with_reference=cfg.loss.kl_beta > 0)
   return ModelParts(source.tokenizer, source.model_config, source.graphdef, mesh, sharded_model,
                     shardings, source)
+
+
+def packs_prefixes(cfg: config_lib.TrainConfig) -> bool:
+  """Whether the RL phase's update batches are packed (`rl.pack_prefix`, and a loss additive
+  over a row's tokens: `core.losses.segments_additive`)."""
+  return cfg.rl.pack_prefix and losses_lib.segments_additive(cfg.loss.ratio_level,
+                                                              cfg.loss.aggregation)
+
+
+def prefix_packing(comp, row_granule: int) -> Optional[batching.PrefixPacking]:
+  """The replay's shared-prefix packing (`replay.batching.PrefixPacking`) of a run built as
+  `comp`, its update rows multiples of `row_granule`; None when `packs_prefixes` is False.
+  Row lengths are weighed by the model's attention cost (`transformer.attention_cost`)."""
+  if not packs_prefixes(comp.cfg):
+    return None
+  return batching.PrefixPacking(comp.cfg.rl.packing_buckets(), row_granule,
+                                attention_cost=transformer.attention_cost(comp.model_config))
+
+
+def _pad_batch(batch: core_types.UpdateBatch, rows: int, length: int) -> core_types.UpdateBatch:
+  """`batch` (a packed one) padded with padding rows and slots to `[rows, length]`."""
+  n, t = batch.tokens.shape
+  if (n, t) == (rows, length):
+    return batch
+  out = core_types.UpdateBatch.padding(rows, length, packed=True)
+  for name in ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "branches"):
+    getattr(out, name)[:n, :t] = getattr(batch, name)
+  out.positions[:n, :t] = batch.positions
+  out.sample_weights[:n] = batch.sample_weights
+  return out
 
 
 def initial_policy(comp) -> Any:
@@ -279,16 +311,33 @@ class DeviceSide:
     `rows` is this process's row bucket of this update (`replay.batching.row_bucket`; every
     process passes the same). `batch` None (this process had no row while another had): an
     all-padding batch of `rows` rows of `buckets[0]` tokens, so that every process runs the
-    same program.
+    same program. With shared-prefix packing (`packs_prefixes`) each process's packed batch
+    has its own shape: with several processes they agree on the largest row count and row
+    length (`Coordinator.agree_max`) and pad to it.
     """
     if self._update_step is None:
       self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
                                                    self._rl_opt, shardings=self._comp.shardings)
+    if packs_prefixes(self._cfg):
+      batch = self._packed_share(batch, rows, buckets)
     with jax.transfer_guard(self._transfer_guard):
       placed = self._put(batch if batch is not None
                          else core_types.UpdateBatch.padding(rows, buckets[0]))
       self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
+
+  def _packed_share(self, batch: Optional[core_types.UpdateBatch], rows: int,
+                    buckets: Sequence[int]) -> core_types.UpdateBatch:
+    """This process's packed batch in the shape every process agrees on (`update`)."""
+    coord = self._comp.coord
+    if coord.process_count == 1:
+      return batch if batch is not None else core_types.UpdateBatch.padding(
+          rows, buckets[0], packed=True)
+    n = coord.agree_max(0 if batch is None else int(batch.tokens.shape[0]))
+    t = coord.agree_max(0 if batch is None else int(batch.tokens.shape[1]))
+    if batch is None:
+      return core_types.UpdateBatch.padding(n, t, packed=True)
+    return _pad_batch(batch, n, t)
 
   def wait(self) -> None:
     """Blocks until every dispatched step has updated the parameters (no transfer).

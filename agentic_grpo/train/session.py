@@ -39,9 +39,11 @@ def periodic(step: int, every: int, *, start: int = 0) -> bool:
   return bool(every) and (step - start) % every == 0
 
 
-def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
+def make_replay(comp: components_lib.Components, row_granule: int = 1
+                ) -> replay_lib.StagedReplay:
   """The staged replay of this process, from the `rl`, `correction` and `replay` sections
-  (`rl.dynamic_sampling`: drop groups without signal; `rl.pass_rate_filter`: the band)."""
+  (`rl.dynamic_sampling`: drop groups without signal; `rl.pass_rate_filter`: the band;
+  `rl.pack_prefix`: shared-prefix packing of update rows, multiples of `row_granule`)."""
   cfg = comp.cfg
   return replay_lib.StagedReplay(
       group_size=cfg.rl.group_size, num_stages=comp.num_stages,
@@ -54,7 +56,8 @@ def make_replay(comp: components_lib.Components) -> replay_lib.StagedReplay:
       pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
           cfg.loss.ratio_level, cfg.loss.aggregation),
       stage_credit=cfg.correction.stage_credit, drop_tied_groups=cfg.rl.dynamic_sampling,
-      pass_rate_band=tuple(cfg.rl.pass_rate_filter) or None)
+      pass_rate_band=tuple(cfg.rl.pass_rate_filter) or None,
+      prefix_packing=device_lib.prefix_packing(comp, row_granule))
 
 
 class Session:
@@ -87,7 +90,7 @@ class Session:
     self.device = device_lib.DeviceSide(comp, transfer_guard=transfer_guard)
     # Update batches have a multiple of this many rows (`replay.batching.row_buckets`).
     self.row_granule = self.device.row_granule(self.coord.process_count)
-    self.replay = make_replay(comp)
+    self.replay = make_replay(comp, self.row_granule)
     get_train = lambda i: comp.tasks.task("train", i)
     shard = {"shard_index": self.coord.process_index, "shard_count": self.coord.process_count}
     self.rl_stream = streams.TaskStream(get_train, pool_size=cfg.task.train_size,
