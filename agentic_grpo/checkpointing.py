@@ -128,18 +128,32 @@ def state_field(name: str) -> Callable[[layout.Path], bool]:
 class Checkpointer:
   """Saves and restores `(state, host arrays, meta)` under `directory`.
 
+  Rotation (after each save): the `max_to_keep` newest checkpoints are kept, and besides them
+  every checkpoint of `keep_steps` (the run's end of the warm-start,
+  `checkpoint.keep_warmstart`), through Orbax's preservation policies (`LatestN` or
+  `CustomSteps`). A kept step is never deleted by rotation; it is still verified, and set aside
+  when damaged and newer than the restored step, like any other.
+
   Args:
     directory: checkpoint root (created if missing).
     max_to_keep: newest checkpoints kept.
+    keep_steps: steps never deleted by rotation (each counts among the newest while it is one
+      of them).
   """
 
-  def __init__(self, directory: str, *, max_to_keep: int = 2):
+  def __init__(self, directory: str, *, max_to_keep: int = 2, keep_steps: Sequence[int] = ()):
     if max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+    if any(int(s) < 0 for s in keep_steps):
+      raise ValueError(f"keep_steps must be >= 0, got {list(keep_steps)}")
     self.directory = directory if "://" in str(directory) else os.path.abspath(directory)
+    self.keep_steps = tuple(sorted({int(s) for s in keep_steps}))
+    policies = ocp.checkpoint_managers
+    keep = policies.AnyPreservationPolicy([policies.LatestN(n=max_to_keep),
+                                           policies.CustomSteps(self.keep_steps)])
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+        options=ocp.CheckpointManagerOptions(preservation_policy=keep,
                                              enable_async_checkpointing=False, create=True))
     self._problems: dict[int, list[integrity.Problem]] = {}  # verified steps (process 0)
     # What the last `restore` derived or converted to fit an earlier layout (empty: none).

@@ -68,7 +68,7 @@ MAY_CHANGE = frozenset({
     "optim.max_consecutive_nonfinite",
     "eval.every", "eval.num_samples", "eval.k", "eval.temperature",
     "eval.headroom_tasks", "eval.headroom_train_tasks",
-    "checkpoint.every", "checkpoint.max_to_keep",
+    "checkpoint.every", "checkpoint.max_to_keep", "checkpoint.keep_warmstart",
     "log.every", "log.tensorboard", "log.progress_bar", "log.plot",
     "mesh.logical_axis_rules", "mesh.collective_timeout_s",
 })

@@ -108,6 +108,34 @@ class CheckpointingTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "host array"):
       ck.save(4, {"w": np.zeros(2)}, {"r": {"x": np.zeros((2, 2))}}, {})
 
+  def test_kept_steps_survive_rotation_and_damage_handling(self):
+    directory = self.create_tempdir().full_path
+    ck = checkpointing.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
+    for step in (1, 2, 3, 4, 5):
+      ck.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
+    self.assertEqual(ck.all_steps(), [2, 5])
+    state, _, meta = ck.restore(2, {"w": np.zeros((2,), np.float32)})
+    np.testing.assert_array_equal(state["w"], [2, 2])
+    self.assertEqual(meta["step"], 2)
+    # A damaged newest checkpoint: the latest restore falls back past it to the kept one and
+    # sets the damaged one aside; later saves rotate around the kept step again.
+    _delete_manifest(pathlib.Path(directory) / "5")
+    reopened = checkpointing.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
+    with self.assertLogs(level="WARNING"):
+      _, _, meta = reopened.restore(None, {"w": np.zeros((2,), np.float32)})
+    self.assertEqual(meta["step"], 2)
+    self.assertEqual(reopened.all_steps(), [2])
+    for step in (3, 4):
+      reopened.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
+    self.assertEqual(reopened.all_steps(), [2, 4])
+    # Without keep_steps the same saves rotate it away.
+    plain = checkpointing.Checkpointer(self.create_tempdir().full_path, max_to_keep=1)
+    for step in (1, 2, 3):
+      plain.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
+    self.assertEqual(plain.all_steps(), [3])
+    with self.assertRaisesRegex(ValueError, "keep_steps"):
+      checkpointing.Checkpointer(self.create_tempdir().full_path, keep_steps=(-1,))
+
   def test_sigkill_during_save_leaves_previous_checkpoint(self):
     directory = self.create_tempdir().full_path
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")

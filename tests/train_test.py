@@ -379,6 +379,32 @@ class TrainTest(parameterized.TestCase):
     with open(saved) as f:
       self.assertEqual(json.load(f)["eval"]["every"], 1)
 
+  @parameterized.named_parameters(("kept", True, 1), ("kept_without_periodic_saves", True, 0),
+                                  ("rotated_away", False, 1))
+  def test_warmstart_checkpoint_is_kept_through_rotation(self, keep, every):
+    # Three warm-start steps, two RL updates, one checkpoint kept by rotation: the end of the
+    # warm-start survives the RL phase's checkpoints (and is written even when `every` skips
+    # it), and restores as the warm-start's end.
+    cfg = _micro(tiny_codegen, **{"warmstart.steps": 3, "rl.num_steps": 2,
+                                  "eval.num_samples": 0, "checkpoint.every": every,
+                                  "checkpoint.max_to_keep": 1,
+                                  "checkpoint.keep_warmstart": keep})
+    workdir = self.create_tempdir().full_path
+    self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 5)
+    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    if not keep:
+      self.assertEqual(ck.all_steps(), [5])
+      return
+    self.assertEqual(ck.all_steps(), [3, 5])
+    self.assertEqual(ck.problems(3), [])
+    state, _, meta = self._final(workdir, cfg, step=3)
+    self.assertEqual((meta["phase"], meta["step"]), ("warmstart", 3))
+    self.assertEqual(int(state["state"].step), 3)  # the warm-start's optimizer state
+    self.assertLen(meta["warmstart_passed"], cfg.task.eval_size)  # its held-out results
+    ws_row = [r for r in _rows(workdir) if r["step"] == 3]
+    self.assertEqual(ws_row[0]["phase"], "warmstart")
+    self.assertAlmostEqual(np.mean(meta["warmstart_passed"]), ws_row[0]["eval/pass_at_1"])
+
   def test_sigterm_checkpoints_and_resumes_exactly(self):
     # SIGTERM mid-RL: the run finishes its step, checkpoints (replay, in-flight episodes and the
     # unlogged metrics included) and raises Preempted; the restart continues the same history.
@@ -419,13 +445,13 @@ class TrainTest(parameterized.TestCase):
     self.assertIn("rl.max_idle_batches=2", result["incomplete"])
     self.assertIn(cause, result["incomplete"])
 
-  def _final(self, workdir, cfg):
+  def _final(self, workdir, cfg, step=None):
     comp = train.build(cfg, pool=self.pool)
     opt = learner.make_optimizer(cfg.optim)
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, opt, 0)}
     ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-    return ck.restore(None, abstract)
+    return ck.restore(step, abstract)
 
   def _assert_same(self, want, got, stops):
     (ws, wh, wm), (gs, gh, gm) = want, got

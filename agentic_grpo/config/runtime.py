@@ -110,10 +110,14 @@ class CheckpointSection:
 
   Attributes:
     every: checkpoint every this many steps (0 = only at the end).
-    max_to_keep: newest checkpoints kept.
+    max_to_keep: newest checkpoints kept (besides the warm-start's, with keep_warmstart).
+    keep_warmstart: checkpoint the end of the warm-start (global step warmstart.steps) whatever
+      `every` says, and never delete it by rotation: later runs can start from it
+      (experiments/warmstart_control.py). No effect when warmstart.steps is 0.
   """
   every: int = 20
   max_to_keep: int = 2
+  keep_warmstart: bool = True
 
   def validate(self, path: str) -> None:
     checks.check(self.every >= 0, f"{path}.every", "must be >= 0", self.every)

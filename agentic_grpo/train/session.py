@@ -85,8 +85,12 @@ class Session:
     self.rl_rows = self.coord.share("rl.rows_per_update", cfg.rl.rows_per_update)
     self.ws_rows = self.coord.share("warmstart.batch_size", cfg.warmstart.batch_size)
     self._stop_after, self._stop = stop_after, stop
-    self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           max_to_keep=cfg.checkpoint.max_to_keep)
+    # The end of the warm-start is kept through rotation (`checkpoint.keep_warmstart`): later
+    # runs start from it (`experiments/warmstart_control.py`).
+    self.keep_warmstart = cfg.checkpoint.keep_warmstart and self.ws_steps > 0
+    self.ckpt = checkpointing.Checkpointer(
+        os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep,
+        keep_steps=(self.ws_steps,) if self.keep_warmstart else ())
     self.device = device_lib.DeviceSide(comp, transfer_guard=transfer_guard)
     # Update batches have a multiple of this many rows (`replay.batching.row_buckets`).
     self.row_granule = self.device.row_granule(self.coord.process_count)

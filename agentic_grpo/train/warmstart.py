@@ -87,5 +87,7 @@ def _train(s: session_lib.Session) -> None:
         row.update(s.last_eval)
       s.metrics.write(row)
     s.metrics.progress(s.step, "warmstart", float(m["loss"]))
-    s.checkpoint()
+    # The warm-start's last step is checkpointed whatever `checkpoint.every` says when it is
+    # kept (`checkpoint.keep_warmstart`): a control run starts from it.
+    s.checkpoint(force=s.keep_warmstart and s.step == s.ws_steps)
     s.preempted = s.coord.any(s.stop_requested)
