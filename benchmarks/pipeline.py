@@ -48,13 +48,15 @@ def task_config(task: str, quick: bool, overrides: Any = ()) -> ml_collections.C
   Raises:
     ValueError: for a task not in `TASKS`.
   """
-  from experiments import ablation  # pylint: disable=g-import-not-at-top
-  from experiments import tiny_codegen  # pylint: disable=g-import-not-at-top
   if task not in TASKS:
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
   if task == "default":
+    from experiments import tiny_codegen  # pylint: disable=g-import-not-at-top
     c = tiny_codegen.get_config()
   else:
+    # Only in the child process: `experiments.ablation` defines absl flags (`--quick`) that
+    # `benchmarks.run` defines too.
+    from experiments import ablation  # pylint: disable=g-import-not-at-top
     c = ablation.arm_config("long_horizon", "agentic", seed=0)
     c.rl.episode_budget = 0
   c.rl.num_steps = 6 if quick else 40
