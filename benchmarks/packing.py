@@ -39,7 +39,6 @@ def batches(cfg, seed: int = 0):
   from agentic_grpo import replay as replay_lib
   from agentic_grpo.agent import references
   from agentic_grpo.core import losses as losses_lib
-  from agentic_grpo.models import transformer
   from agentic_grpo.replay import batching
   from agentic_grpo.train import components
   # pylint: enable=g-import-not-at-top
@@ -47,8 +46,7 @@ def batches(cfg, seed: int = 0):
   wf = comp.workflow_factory()
   tok = comp.tokenizer
   g, n_tasks = cfg.rl.group_size, cfg.rl.rows_per_update // cfg.rl.group_size
-  packing = batching.PrefixPacking(cfg.rl.packing_buckets(),
-                                   attention_cost=transformer.attention_cost(comp.model_config))
+  packing = batching.PrefixPacking(cfg.rl.packed_lengths())
   tasks = [comp.tasks.task("train", t) for t in range(n_tasks)]
   segments = [references.reference_segments(wf, task)[:2] for task in tasks]
   out = {}
@@ -170,7 +168,7 @@ def run(quick: bool = False, *, rounds: int = 5, steps: int = 3, warmup: int = 1
       "packing",
       settings={"quick": quick, "rounds": rounds, "steps": steps, "warmup": warmup,
                 "rows_per_update": cfg.rl.rows_per_update, "buckets": list(cfg.rl.buckets),
-                "packed_buckets": list(cfg.rl.packing_buckets())},
+                "packed_lengths": {str(k): v for k, v in cfg.rl.packed_lengths().items()}},
       header=["update", "layout", "batch", "token slots", "items", "loss tokens",
               "ms/step (median)", "CPU-ms/step", "warm-up s", "plain / packed"],
       rows=rows, summary=summary, load_before=load_before)

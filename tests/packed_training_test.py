@@ -54,13 +54,13 @@ def _rows(workdir):
 
 class ConfigTest(parameterized.TestCase):
 
-  def test_packing_buckets(self):
+  def test_packed_lengths(self):
     rl = config_lib.RLSection(buckets=(128, 192))
-    self.assertEqual(rl.packing_buckets(), (128, 192, 256, 384))
-    self.assertEqual(dataclasses.replace(rl, packed_buckets=(192, 512)).packing_buckets(),
-                     (192, 512))
+    self.assertEqual(rl.packed_lengths(), {128: 256, 192: 384})
+    self.assertEqual(dataclasses.replace(rl, packed_buckets=(192, 192)).packed_lengths(),
+                     {128: 192, 192: 192})
 
-  @parameterized.parameters((64, 32), (16, 100), (4, 256))
+  @parameterized.parameters((512,), (256, 128), (256, 512, 1024))
   def test_bad_packed_buckets(self, *buckets):
     cfg = config_lib.TrainConfig()
     cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, pack_prefix=True,

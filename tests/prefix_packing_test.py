@@ -32,7 +32,7 @@ VOCAB = 48
 G, S = 4, 2
 ROWS = 48  # items per update, and the unpacked batch's rows
 BUCKET = 64  # the unpacked length bucket
-PACKED = (32, 64, 96, 128)
+PACKED = {32: 64, 64: 128}  # packed row length per length bucket
 
 _CONFIG = transformer.ModelConfig(
     vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48,
@@ -257,6 +257,9 @@ class PackedLayoutTest(parameterized.TestCase):
       self.assertEqual(b.stats["items"], a.stats["rows"])
       self.assertEqual(b.stats["loss_tokens"], a.stats["loss_tokens"])
       self.assertLessEqual(b.stats["rows"], a.stats["rows"])
+      # One row length per length bucket, a row bucket of rows: no more shapes than unpacked.
+      self.assertEqual(b.update.tokens.shape[1], PACKED[a.update.tokens.shape[1]])
+      self.assertIn(b.update.tokens.shape[0], batching.row_buckets(16))
       b.update.check()
       self.assertTrue(b.update.packed)
       self.assertFalse(a.update.packed)
@@ -295,10 +298,12 @@ class PackedLayoutTest(parameterized.TestCase):
     self.assertEqual(batching.plan_packs([rows[0], rows[0]], [4, 7], 100), [([0, 1], 4)])
 
   def test_bad_packing(self):
-    with self.assertRaisesRegex(ValueError, "strictly increasing"):
-      batching.PrefixPacking((64, 32))
+    with self.assertRaisesRegex(ValueError, "at least as long"):
+      batching.PrefixPacking({64: 32})
     with self.assertRaisesRegex(ValueError, "row_granule"):
-      batching.PrefixPacking((64,), row_granule=0)
+      batching.PrefixPacking({64: 64}, row_granule=0)
+    with self.assertRaisesRegex(ValueError, "length bucket 48 has no packed row length"):
+      batching.PrefixPacking(PACKED).length_for(48)
     with self.assertRaisesRegex(ValueError, "positions and UpdateBatch.branches"):
       core_types.UpdateBatch.padding(2, 8, packed=True)._replace(branches=None).check()
     with self.assertRaisesRegex(ValueError, r"UpdateBatch\.branches must be int32"):

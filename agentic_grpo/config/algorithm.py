@@ -59,10 +59,10 @@ class RLSection:
   | ...]`, each suffix attending to the prefix and to itself at the positions of its own row.
   Every token's log-prob is its row's (up to float reordering), so the update takes the same
   rows, with the same loss and gradient, in fewer token slots: with the tiny default most of a
-  row is its prompt. A packed row is at most `packed_buckets[-1]` tokens (each of
-  `packed_buckets` compiles once per row count; `()`: `buckets` and twice each), and the length
-  used is the one of least estimated compute. The prefix ends before any packed row's
-  first loss token. It applies only where the loss is additive over a row's tokens
+  row is its prompt. The rows of an update taken from length bucket `buckets[i]` are packed
+  into rows of `packed_buckets[i]` tokens (`()`: twice each bucket), a power-of-two row count
+  as without packing, so packing compiles no more update steps. The prefix ends before any
+  packed row's first loss token. It applies only where the loss is additive over a row's tokens
   (`core.losses.segments_additive`: not with `loss.ratio_level='sequence'` nor
   `loss.aggregation='seq_mean_token_mean'`, where it is silently off, as
   `replay.pack_corrections`); Dr. GRPO's normaliser stays `rows_per_update · max_tokens`.
@@ -91,8 +91,8 @@ class RLSection:
     pass_rate_filter: `()` (off) or `(lo, hi)`, 0 <= lo <= hi <= 1: groups whose pass rate
       lies outside [lo, hi] are not trained on (see above).
     pack_prefix: shared-prefix packing of an update's rows (see above).
-    packed_buckets: with pack_prefix, the packed rows' lengths, strictly increasing, the
-      largest at least `buckets[-1]`; `()` = `buckets` and twice each of them.
+    packed_buckets: with pack_prefix, the packed row length of each of `buckets` (as many,
+      each at least its bucket); `()` = twice each bucket.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -113,18 +113,17 @@ class RLSection:
   pack_prefix: bool = False
   packed_buckets: tuple[int, ...] = ()
 
-  def packing_buckets(self) -> tuple[int, ...]:
-    """The packed rows' lengths: `packed_buckets`, or `buckets` and twice each of them."""
-    if self.packed_buckets:
-      return tuple(int(b) for b in self.packed_buckets)
-    return tuple(sorted({int(b) * k for b in self.buckets for k in (1, 2)}))
+  def packed_lengths(self) -> dict[int, int]:
+    """`{bucket: packed row length}`: `packed_buckets`, or twice each of `buckets`."""
+    packed = self.packed_buckets or tuple(2 * b for b in self.buckets)
+    return {int(b): int(n) for b, n in zip(self.buckets, packed)}
 
   def validate(self, path: str) -> None:
     packed = tuple(self.packed_buckets)
-    checks.check(packed == () or (list(packed) == sorted(set(packed)) and packed[0] >= 8
-                                  and bool(self.buckets) and packed[-1] >= self.buckets[-1]),
-                 f"{path}.packed_buckets", "must be () (rl.buckets and twice each) or "
-                 "strictly increasing lengths >= 8, the largest >= rl.buckets[-1]", packed)
+    checks.check(packed == () or (len(packed) == len(self.buckets) and all(
+        n >= b for b, n in zip(self.buckets, packed))), f"{path}.packed_buckets",
+                 f"must be () (twice each of rl.buckets) or one length per rl.buckets entry "
+                 f"{tuple(self.buckets)}, each at least its bucket", packed)
     checks.check(self.dynamic_sampling_max_batches >= 0, f"{path}.dynamic_sampling_max_batches",
                  "must be >= 0 (0 = no cap)", self.dynamic_sampling_max_batches)
     checks.check(self.pass_rate_filter == () or (

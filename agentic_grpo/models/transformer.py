@@ -581,18 +581,6 @@ def init_model(config: ModelConfig, rng) -> tuple[nnx.GraphDef, nnx.State]:
   return graphdef, init_params(config, rng)
 
 
-def attention_cost(config: ModelConfig) -> float:
-  """Flops of one query-key pair of attention (scores and values, every layer) relative to
-  the flops of one token's other work (projections, MLP, logits): a row of T tokens costs
-  about `T · (1 + attention_cost · T)` of the latter (forward and backward alike)."""
-  c = config
-  per_token = c.n_layers * (c.d_model * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
-                            + c.n_heads * c.head_dim * c.d_model
-                            + 3 * c.d_model * c.mlp_dim) + c.d_model * c.vocab_size
-  per_pair = c.n_layers * 2 * c.n_heads * c.head_dim
-  return per_pair / per_token
-
-
 def param_count(params: nnx.State) -> int:
   """Total number of parameter scalars."""
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

@@ -26,14 +26,15 @@ staleness weights, per segment through the `token_segment` owners) are carried o
 token. Only for a loss additive over a row's tokens (`core.losses.segments_additive`): the
 caller decides, as for corrections. Items are found by their tokens, not their group: sorted
 by token row, runs of neighbours that share a prefix are packed into the fewest rows that fit
-(`plan_packs`); of the `PrefixPacking.buckets`, the row length of least estimated compute is
-used (`PrefixPacking.cost`: token slots of the padded batch, and the dense masked attention
-over them). Which items an update takes, and therefore every update's loss, is unchanged.
+(`plan_packs`), of the one packed row length of the items' length bucket
+(`PrefixPacking.lengths`: a batch's shape is a row bucket times that length, so packing
+compiles no more update steps than one row per item). Which items an update takes, and
+therefore every update's loss, is unchanged.
 """
 
 import collections
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -139,32 +140,35 @@ class PrefixPacking:
   """Shared-prefix packing of a batch's items (module docstring).
 
   Attributes:
-    buckets: the packed batch's row lengths, strictly increasing; the largest at least the
-      longest item (every item fits a row of its own).
+    lengths: `{length bucket: packed row length}`, each packed length at least its bucket (a
+      mapping, or pairs): a batch of the items of one length bucket is packed into rows of
+      exactly its packed length, so that the packed batches have no more shapes than the
+      unpacked ones (one row length per length bucket, the row counts of `row_buckets`).
     row_granule: the packed batch's row count is a multiple of it (`row_buckets`).
-    attention_cost: compute of one query-key pair of the dense masked attention, relative to
-      the rest of one token's forward and backward (projections, MLP, logits); it weighs row
-      length against row count when the row length is chosen (`cost`). It changes only
-      speed, never a result.
   """
-  buckets: tuple[int, ...]
+  lengths: Any
   row_granule: int = 1
-  attention_cost: float = 1e-3
 
   def __post_init__(self):
-    buckets = tuple(int(b) for b in self.buckets)
-    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
-      raise ValueError(f"PrefixPacking.buckets must be strictly increasing positive lengths, "
-                       f"got {self.buckets}")
+    pairs = tuple(sorted((int(b), int(n)) for b, n in dict(self.lengths).items()))
+    if not pairs or any(n < b or b < 1 for b, n in pairs):
+      raise ValueError(f"PrefixPacking.lengths must map each length bucket to a packed row "
+                       f"length at least as long, got {self.lengths}")
     if self.row_granule < 1:
       raise ValueError(f"PrefixPacking.row_granule must be >= 1, got {self.row_granule}")
-    if not self.attention_cost >= 0.0:
-      raise ValueError(f"PrefixPacking.attention_cost must be >= 0, got {self.attention_cost}")
-    object.__setattr__(self, "buckets", buckets)
+    object.__setattr__(self, "lengths", pairs)
 
-  def cost(self, rows: int, length: int) -> float:
-    """Estimated compute of a batch of `rows` rows of `length` tokens (relative units)."""
-    return rows * length * (1.0 + self.attention_cost * length)
+  def length_for(self, bucket: int) -> int:
+    """The packed row length of a batch of items of length bucket `bucket`.
+
+    Raises:
+      ValueError: `bucket` has no packed length.
+    """
+    for b, n in self.lengths:
+      if b == bucket:
+        return n
+    raise ValueError(f"length bucket {bucket} has no packed row length (PrefixPacking.lengths "
+                     f"{dict(self.lengths)})")
 
 
 def take(ready: collections.deque, max_rows: int, current_version: int,
@@ -209,7 +213,8 @@ def take(ready: collections.deque, max_rows: int, current_version: int,
   if not chosen:
     return None, stats
   if packing is not None:
-    return _assemble_packed(chosen, int(max_rows), packing, stats), stats
+    return _assemble_packed(chosen, int(max_rows), packing.length_for(int(bucket)),
+                            packing.row_granule, stats), stats
   return _assemble(chosen, int(max_rows), int(bucket), stats), stats
 
 
@@ -324,30 +329,15 @@ def _packed_rows(rows: int, max_rows: int, granule: int) -> int:
   return row_bucket(rows, max_rows, granule)
 
 
-def _assemble_packed(chosen: list[tuple[records.Item, np.ndarray]], n_max: int,
-                     packing: PrefixPacking, stats: collections.Counter) -> records.Batch:
-  """The packed batch of the chosen items (module docstring): at most `n_max` rows (fewer
-  when items share prefixes), rows of the `packing.buckets` length of least `cost`."""
+def _assemble_packed(chosen: list[tuple[records.Item, np.ndarray]], n_max: int, t: int,
+                     granule: int, stats: collections.Counter) -> records.Batch:
+  """The packed batch of the chosen items (module docstring): rows of `t` tokens, at most
+  `n_max` of them (fewer when items share prefixes), a multiple of `granule` where it can be."""
   items = [item for item, _ in chosen]
   weighted = [_weighted(item, w) for item, w in chosen]
-  tokens = [item.tokens for item in items]
   first_loss = [int(np.argmax(m)) if m.any() else m.shape[0] for m, _, _ in weighted]
-  longest = max(t.shape[0] for t in tokens)
-  best = None
-  for length in packing.buckets:
-    if length < longest:
-      continue
-    packs = plan_packs(tokens, first_loss, length)
-    rows = _packed_rows(len(packs), n_max, packing.row_granule)
-    t = bucket_for(max(packed_length([tokens[k].shape[0] for k in m], p) for m, p in packs),
-                   packing.buckets)
-    cost = packing.cost(rows, t)
-    if best is None or cost < best[0]:
-      best = (cost, packs, rows, t)
-  if best is None:
-    raise ValueError(f"a ready item has {longest} tokens, more than the largest packed "
-                     f"bucket {packing.buckets[-1]}")
-  _, packs, n, t = best
+  packs = plan_packs([item.tokens for item in items], first_loss, t)
+  n = _packed_rows(len(packs), n_max, granule)
   update = core_types.UpdateBatch.padding(n, t, packed=True)
   kinds, segments = [], []
   shared = 0

@@ -98,13 +98,12 @@ def packs_prefixes(cfg: config_lib.TrainConfig) -> bool:
 
 
 def prefix_packing(comp, row_granule: int) -> Optional[batching.PrefixPacking]:
-  """The replay's shared-prefix packing (`replay.batching.PrefixPacking`) of a run built as
-  `comp`, its update rows multiples of `row_granule`; None when `packs_prefixes` is False.
-  Row lengths are weighed by the model's attention cost (`transformer.attention_cost`)."""
+  """The replay's shared-prefix packing (`replay.batching.PrefixPacking`: `rl.packed_buckets`)
+  of a run built as `comp`, its update rows multiples of `row_granule`; None when
+  `packs_prefixes` is False."""
   if not packs_prefixes(comp.cfg):
     return None
-  return batching.PrefixPacking(comp.cfg.rl.packing_buckets(), row_granule,
-                                attention_cost=transformer.attention_cost(comp.model_config))
+  return batching.PrefixPacking(comp.cfg.rl.packed_lengths(), row_granule)
 
 
 def _pad_batch(batch: core_types.UpdateBatch, rows: int, length: int) -> core_types.UpdateBatch:
