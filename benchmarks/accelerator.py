@@ -30,14 +30,6 @@ from agentic_grpo.models import transformer
 from benchmarks import report
 from benchmarks import update_flops
 
-_RESULTS = flags.DEFINE_string("results", str(report.RESULTS), "JSON-lines file appended to.")
-_PRESET = flags.DEFINE_string("preset", "qwen2_0_5b",
-                              "Model shape (Qwen2.5-0.5B has the shape of `qwen2_0_5b`).")
-_ONLY = flags.DEFINE_list("only", ["update_flops", "sampler", "grpo_step"], "Parts to run.")
-_PART_TIMEOUT = flags.DEFINE_integer("part_timeout", 150, "Seconds allowed for grpo_step.")
-_MATMUL = flags.DEFINE_integer("matmul_size", 8192,
-                               "Side of the matmul measuring the peak (where none is published).")
-_UPDATE_ROWS = flags.DEFINE_integer("update_rows", 16, "Rows of 512 tokens per update.")
 
 # Dense bf16 peak FLOP/s by `device_kind` prefix (vendor data sheets, without sparsity).
 PUBLISHED_PEAKS = {
@@ -140,4 +132,14 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: tests and other modules import this one next to
+  # programs that define the same flag names (tests/launch_imports_test.py).
+  _RESULTS = flags.DEFINE_string("results", str(report.RESULTS), "JSON-lines file appended to.")
+  _PRESET = flags.DEFINE_string("preset", "qwen2_0_5b",
+                                "Model shape (Qwen2.5-0.5B has the shape of `qwen2_0_5b`).")
+  _ONLY = flags.DEFINE_list("only", ["update_flops", "sampler", "grpo_step"], "Parts to run.")
+  _PART_TIMEOUT = flags.DEFINE_integer("part_timeout", 150, "Seconds allowed for grpo_step.")
+  _MATMUL = flags.DEFINE_integer("matmul_size", 8192,
+                                 "Side of the matmul measuring the peak (where none is published).")
+  _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 16, "Rows of 512 tokens per update.")
   app.run(main)

@@ -21,10 +21,6 @@ from absl import flags
 
 from benchmarks import report
 
-_ONLY = flags.DEFINE_list("only", [], "Benchmarks to run (default: all).")
-_QUICK = flags.DEFINE_bool("quick", False, "Small shapes, few repeats: checks the suite runs.")
-_RESULTS = flags.DEFINE_string("results", str(report.RESULTS), "JSON-lines file appended to.")
-
 
 def _update_flops(quick):
   from benchmarks import update_flops  # pylint: disable=g-import-not-at-top
@@ -95,4 +91,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: tests and other modules import this one next to
+  # programs that define the same flag names (tests/launch_imports_test.py).
+  _ONLY = flags.DEFINE_list("only", [], "Benchmarks to run (default: all).")
+  _QUICK = flags.DEFINE_bool("quick", False, "Small shapes, few repeats: checks the suite runs.")
+  _RESULTS = flags.DEFINE_string("results", str(report.RESULTS), "JSON-lines file appended to.")
   app.run(main)

@@ -62,20 +62,6 @@ ARMS = {
 TASKS = ("long_horizon", "default")
 DONE = ablation_report.DONE
 
-_ROOT = flags.DEFINE_string("root", "ablation", "Directory of the runs and the results.")
-_QUICK = flags.DEFINE_bool("quick", False, "Micro model and budgets: every arm in minutes.")
-_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per (task, arm) (--quick: 1).")
-_TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
-_ARMS = flags.DEFINE_list("arms", list(ARMS), f"Arms, from {tuple(ARMS)}.")
-_STAGES = flags.DEFINE_integer("num_stages", 4, "K, pieces of a long-horizon task.")
-_DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
-                            "Latency of the long-horizon final judge (seconds).")
-_BUDGET = flags.DEFINE_integer("episode_budget", 0,
-                               "Training episodes per run (0: the config's default).")
-_SHARED = flags.DEFINE_bool(
-    "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
-    "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")
-
 
 def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stages: int = 4,
                final_reward_delay_s: float = 0.0) -> ml_collections.ConfigDict:
@@ -239,4 +225,19 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: tests and other modules import this one next to
+  # programs that define the same flag names (tests/launch_imports_test.py).
+  _ROOT = flags.DEFINE_string("root", "ablation", "Directory of the runs and the results.")
+  _QUICK = flags.DEFINE_bool("quick", False, "Micro model and budgets: every arm in minutes.")
+  _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per (task, arm) (--quick: 1).")
+  _TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
+  _ARMS = flags.DEFINE_list("arms", list(ARMS), f"Arms, from {tuple(ARMS)}.")
+  _STAGES = flags.DEFINE_integer("num_stages", 4, "K, pieces of a long-horizon task.")
+  _DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
+                              "Latency of the long-horizon final judge (seconds).")
+  _BUDGET = flags.DEFINE_integer("episode_budget", 0,
+                                 "Training episodes per run (0: the config's default).")
+  _SHARED = flags.DEFINE_bool(
+      "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
+      "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")
   app.run(main)

@@ -105,15 +105,6 @@ REPORT = "control.json"
 OUT_NAME = "warmstart_control"
 SCHEDULES = ("final", "stretched")
 
-_RUN = flags.DEFINE_string("run", None, "Workdir of a finished run (config.json, "
-                           "metrics.jsonl, the warm-start's kept checkpoint).")
-_OUT = flags.DEFINE_string("out", None, f"The control's directory (default: RUN/{OUT_NAME}).")
-_STEPS = flags.DEFINE_integer("steps", None, "More warm-start steps (default: the RL phase's "
-                              "seconds over the warm-start's seconds per step).")
-_SCHEDULE = flags.DEFINE_enum("schedule", "final", SCHEDULES, "The control's learning rate: "
-                              "'final' (the warm-start's final rate, constant) or 'stretched' "
-                              "(its schedule over warmstart.steps + N, continued).")
-
 
 class ControlError(ValueError):
   """The run cannot be controlled as asked (no kept warm-start checkpoint, an unfinished run,
@@ -457,4 +448,14 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  # Flags only when run as a program: tests and other modules import this one next to
+  # programs that define the same flag names (tests/launch_imports_test.py).
+  _RUN = flags.DEFINE_string("run", None, "Workdir of a finished run (config.json, "
+                             "metrics.jsonl, the warm-start's kept checkpoint).")
+  _OUT = flags.DEFINE_string("out", None, f"The control's directory (default: RUN/{OUT_NAME}).")
+  _STEPS = flags.DEFINE_integer("steps", None, "More warm-start steps (default: the RL phase's "
+                                "seconds over the warm-start's seconds per step).")
+  _SCHEDULE = flags.DEFINE_enum("schedule", "final", SCHEDULES, "The control's learning rate: "
+                                "'final' (the warm-start's final rate, constant) or 'stretched' "
+                                "(its schedule over warmstart.steps + N, continued).")
   app.run(main)

@@ -21,6 +21,12 @@ def _entry_points() -> list[pathlib.Path]:
                 if 'if __name__ == "__main__":' in p.read_text())
 
 
+def _program_modules() -> list[str]:
+  """Every module under `launch/`, `experiments/` and `benchmarks/`, as an import name."""
+  return [f"{d}.{p.stem}" for d in ("launch", "experiments", "benchmarks")
+          for p in sorted((_ROOT / d).glob("*.py")) if p.stem != "__init__"]
+
+
 class LaunchImportsTest(absltest.TestCase):
 
   def test_all_entry_points_import_together(self):
@@ -30,6 +36,33 @@ class LaunchImportsTest(absltest.TestCase):
     proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=_ROOT,
                           capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+
+  def test_every_program_module_imports_next_to_the_others(self):
+    # Tests, notebooks and other modules import experiment and benchmark modules for their
+    # functions, next to the entry points: a module that defines a flag at import time which
+    # another one defines too breaks whichever process imports both. Programs whose flag names
+    # repeat another's define them under their `__main__` guard.
+    # A benchmark worker whose optional third-party library (torch, tunix) is not installed is
+    # left out; any other import error fails.
+    modules = _program_modules()
+    code = ("import importlib, sys\n"
+            "for m in sys.argv[1:]:\n"
+            "  try:\n"
+            "    importlib.import_module(m)\n"
+            "  except ModuleNotFoundError as e:\n"
+            "    if (e.name or '').split('.')[0] in ('agentic_grpo', 'launch', 'experiments',\n"
+            "                                        'benchmarks'):\n"
+            "      raise\n"
+            "    continue\n"
+            "  print('imported', m)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=_ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    imported = proc.stdout.split()[1::2]
+    for must in ("launch.export", "experiments.warmstart_control", "experiments.ablation",
+                 "benchmarks.run", "benchmarks.accelerator"):
+      self.assertIn(must, imported)
+    self.assertGreaterEqual(len(imported), 15, imported)
 
   def test_entry_points_define_main(self):
     for p in _entry_points():

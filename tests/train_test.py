@@ -432,11 +432,13 @@ class TrainTest(parameterized.TestCase):
       train.build(cfg, pool=self.pool)
 
   @parameterized.named_parameters(
-      ("tied_rewards", (128,), "all advantages 0"),
-      ("stages_skipped_for_length", (64,), "contexts longer than the largest bucket"))
-  def test_rl_without_signal_says_why(self, buckets, cause):
+      ("tied_rewards", (128,), (3, 4), "all advantages 0"),
+      # Two public examples: some first-stage contexts fit a 64-token bucket (the startup check
+      # passes), the later stages' do not.
+      ("stages_skipped_for_length", (64,), (2, 2), "contexts longer than the largest bucket"))
+  def test_rl_without_signal_says_why(self, buckets, num_public, cause):
     cfg = _micro(tiny_codegen, **{"rl.num_steps": 50, "rl.buckets": buckets,
-                                  "warmstart.seq_len": buckets[-1],
+                                  "warmstart.seq_len": buckets[-1], "task.num_public": num_public,
                                   "rl.max_idle_batches": 2, "replay.skip_zero_advantage": True,
                                   "eval.num_samples": 0, "checkpoint.every": 0})
     result = train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
