@@ -209,5 +209,45 @@ class LearnerTest(absltest.TestCase):
     self.assertEqual(step.num_traces, 1)
 
 
+class PaddedVocabLearnerTest(absltest.TestCase):
+  """A model with padded embedding rows (`vocab_limit` < `vocab_size`): the learner's log-probs
+  are normalised over the same ids as the sampler's, so the ratio is 1 on policy."""
+
+  _LIMIT = 200  # ids 200..268 of the tiny preset's 269 rows are "padding rows"
+
+  def test_update_and_sft_steps_use_the_sampler_vocab_limit(self):
+    graphdef, params = transformer.init_model(_model_config(), 0)
+    sh = learner.Shardings.replicated()
+    cfg = _cfg(1)
+    opt = learner.make_optimizer(cfg.optim)
+    batch = _batch()
+    batch["tokens"] %= self._LIMIT
+    positions = jnp.broadcast_to(jnp.arange(T), (N, T))
+    limited = core_types.SamplingTransform(vocab_limit=self._LIMIT)
+    lp = transformer.sequence_logprobs(graphdef, params, jnp.asarray(batch["tokens"]),
+                                       positions, None, limited)
+    unlimited = transformer.sequence_logprobs(graphdef, params, jnp.asarray(batch["tokens"]),
+                                              positions, None)
+    mask = batch["loss_mask"]
+    self.assertGreater(np.abs(np.asarray(lp - unlimited))[mask].min(), 1e-3)
+    batch["behaviour_logprobs"] = np.where(mask, np.asarray(lp), 0.0).astype(np.float32)
+    step = learner.make_update_step(graphdef, cfg, opt, shardings=sh, vocab_limit=self._LIMIT)
+
+    def copy():  # the steps donate their state
+      return jax.tree.map(jnp.copy, params)
+
+    ref = jax.device_put(copy(), sh.ref_params)
+    state = jax.device_put(learner.init_state(copy(), opt, 0), sh.state)
+    _, metrics = step(state, core_types.UpdateBatch(**batch), ref)
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
+    self.assertAlmostEqual(float(metrics["kl"]), 0.0, places=6)
+
+    sft = learner.make_sft_step(graphdef, cfg, opt, shardings=sh, vocab_limit=self._LIMIT)
+    state = jax.device_put(learner.init_state(copy(), opt, 0), sh.state)
+    _, metrics = sft(state, core_types.SFTBatch(batch["tokens"], mask))
+    expected = -np.asarray(lp)[mask].mean()
+    np.testing.assert_allclose(metrics["loss"], expected, rtol=1e-5)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -94,6 +94,9 @@ class TransformLogitsTest(parameterized.TestCase):
       dict(kwargs=dict(top_k=1.5), match="top_k"),
       dict(kwargs=dict(top_p=0.0), match="top_p"),
       dict(kwargs=dict(top_p=1.5), match="top_p"),
+      dict(kwargs=dict(vocab_limit=-1), match="vocab_limit"),
+      dict(kwargs=dict(vocab_limit=2.0), match="vocab_limit"),
+      dict(kwargs=dict(vocab_limit=True), match="vocab_limit"),
   )
   def test_invalid_arguments(self, kwargs, match):
     with self.assertRaisesRegex(ValueError, match):
@@ -121,6 +124,60 @@ class TransformLogitsTest(parameterized.TestCase):
       # The argmax always survives.
       top = jnp.argmax(logits, -1)
       self.assertTrue(bool(jnp.all(jnp.take_along_axis(p, top[:, None], -1) > 0)))
+
+
+class VocabLimitTest(parameterized.TestCase):
+  """Ids at or past `vocab_limit` (a padded embedding's rows) carry no probability, under every
+  transform, and the other ids' distribution is that of the first `vocab_limit` logits alone."""
+
+  _LIMIT = 20
+
+  def _logits(self):
+    x = np.random.RandomState(5).standard_normal((6, 32)).astype(np.float32) * 3
+    x[:, self._LIMIT:] += 20.0  # the padded rows would win every draw
+    return x
+
+  @parameterized.named_parameters(
+      ("identity", dict()),
+      ("temperature", dict(temperature=0.6)),
+      ("top_k", dict(top_k=5)),
+      ("top_p", dict(top_p=0.9)),
+      ("all", dict(temperature=1.3, top_k=10, top_p=0.8)),
+      ("top_k_above_limit", dict(top_k=25)),
+  )
+  def test_padded_ids_masked_and_rest_as_without_them(self, kw):
+    logits = self._logits()
+    x = logprobs.transform_logits(logits, _T(vocab_limit=self._LIMIT, **kw))
+    np.testing.assert_array_equal(np.asarray(x[:, self._LIMIT:]),
+                                  np.float32(logprobs.MASKED_LOGIT))
+    p = np.asarray(jax.nn.softmax(x, axis=-1))
+    np.testing.assert_array_equal(p[:, self._LIMIT:], 0.0)
+    # The sampleable ids get what the transform gives the first `vocab_limit` logits alone.
+    alone = jax.nn.softmax(logprobs.transform_logits(logits[:, :self._LIMIT], _T(**kw)), -1)
+    np.testing.assert_allclose(p[:, :self._LIMIT], alone, atol=1e-6)
+    # The greedy choice is the argmax over the sampleable ids.
+    np.testing.assert_array_equal(np.argmax(np.asarray(x), -1),
+                                  np.argmax(logits[:, :self._LIMIT], -1))
+
+  def test_token_logprobs_normalised_over_sampleable_ids(self):
+    logits = self._logits()
+    targets = np.arange(6, dtype=np.int32)
+    lp = logprobs.token_logprobs(logits, targets, _T(vocab_limit=self._LIMIT))
+    ref = jax.nn.log_softmax(logits[:, :self._LIMIT], -1)[np.arange(6), targets]
+    np.testing.assert_allclose(lp, ref, atol=1e-5)
+    padded = logprobs.token_logprobs(logits, np.full(6, 25, np.int32),
+                                     _T(vocab_limit=self._LIMIT))
+    self.assertTrue(np.all(np.asarray(padded) < -1e20))
+
+  @parameterized.parameters(0, 32, 40)
+  def test_limit_of_whole_vocabulary_or_zero_is_no_limit(self, limit):
+    logits = self._logits()
+    np.testing.assert_array_equal(logprobs.transform_logits(logits, _T(vocab_limit=limit)),
+                                  logprobs.transform_logits(logits, _T()))
+
+  def test_limit_is_part_of_the_transform_value(self):
+    self.assertNotEqual(_T(vocab_limit=20), _T())
+    self.assertEqual(hash(_T(0.5, 3, 0.9, 20)), hash(_T(0.5, 3, 0.9, vocab_limit=20)))
 
 
 if __name__ == "__main__":

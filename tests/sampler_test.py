@@ -39,11 +39,13 @@ def _prompts(seed=0, lengths=(12, 3, 7, 1)):
 
 
 def _sample(prompts, lengths, **kwargs):
-  """`sampler.sample`, with `temperature`, `top_k`, `top_p` keywords as its transform."""
+  """`sampler.sample`, with `temperature`, `top_k`, `top_p`, `vocab_limit` keywords as its
+  transform."""
   graphdef, params = _model()
   kwargs.setdefault("max_new_tokens", _T)
   kwargs["transform"] = core_types.SamplingTransform(
-      **{k: kwargs.pop(k) for k in ("temperature", "top_k", "top_p") if k in kwargs})
+      **{k: kwargs.pop(k) for k in ("temperature", "top_k", "top_p", "vocab_limit")
+         if k in kwargs})
   return sampler.sample(graphdef, params, prompts, lengths, kwargs.pop("rng", jax.random.key(3)),
                         **kwargs)
 
@@ -134,6 +136,77 @@ class SampleTest(parameterized.TestCase):
     self.assertLessEqual(np.count_nonzero(freq), 3)
     np.testing.assert_allclose(freq, probs, atol=0.08)
     np.testing.assert_allclose(out.logprobs[:, 0], np.log(probs[out.tokens[:, 0]]), atol=1e-5)
+
+
+class PaddedVocabTest(parameterized.TestCase):
+  """An embedding with more rows than the tokenizer has ids (`vocab_limit` < `vocab_size`): the
+  padded ids are never generated, greedy or sampled, and the behaviour log-probs are the
+  learner's under the same transform."""
+
+  _LIMIT = 20  # ids 20..36 of the 37-row model are "padding rows"
+
+  def _prompts(self, n=32):
+    rng = np.random.RandomState(4)
+    prompts = rng.randint(0, self._LIMIT, (n, _P)).astype(np.int32)
+    return prompts, rng.randint(1, _P + 1, (n,)).astype(np.int32)
+
+  @parameterized.named_parameters(
+      ("t1", dict(temperature=1.0)),
+      ("t06", dict(temperature=0.6)),
+      ("top_k", dict(temperature=1.0, top_k=5)),
+      ("top_p", dict(temperature=1.0, top_p=0.9)),
+      ("t2_top_k_top_p", dict(temperature=2.0, top_k=30, top_p=0.95)),
+  )
+  def test_padded_ids_never_sampled_and_logprobs_agree(self, transform):
+    prompts, lengths = self._prompts()
+    unlimited = _sample(prompts, lengths, rng=jax.random.key(9), **transform)
+    # Without the limit this model draws padded ids: the test would catch them.
+    self.assertTrue(np.any(np.asarray(unlimited.tokens) >= self._LIMIT))
+    out = _sample(prompts, lengths, rng=jax.random.key(9), vocab_limit=self._LIMIT, **transform)
+    self.assertTrue(np.all(np.asarray(out.tokens) < self._LIMIT))
+    learner = _learner_logprobs(prompts, lengths, out, vocab_limit=self._LIMIT, **transform)
+    np.testing.assert_allclose(out.logprobs, learner, atol=2e-5)
+    np.testing.assert_allclose(np.exp(learner - np.asarray(out.logprobs)), 1.0, atol=5e-5)
+
+  def test_greedy_is_argmax_over_sampleable_ids(self):
+    graphdef, params = _model()
+    prompts, lengths = self._prompts(8)
+    unlimited = _sample(prompts, lengths, greedy=True)
+    self.assertTrue(np.any(np.asarray(unlimited.tokens) >= self._LIMIT))
+    out = _sample(prompts, lengths, greedy=True, temperature=0.7, vocab_limit=self._LIMIT)
+    tokens, positions, segment_mask, _ = sampler.join_prompt_completion(
+        prompts, lengths, out.tokens, out.lengths)
+    logits, _ = transformer.apply(graphdef, params, tokens, positions,
+                                  segment_mask=segment_mask)
+    for n in range(len(lengths)):
+      start = int(lengths[n]) - 1
+      expected = np.argmax(np.asarray(logits[n, start:start + _T, :self._LIMIT]), axis=-1)
+      np.testing.assert_array_equal(out.tokens[n], expected)
+    np.testing.assert_allclose(
+        out.logprobs, _learner_logprobs(prompts, lengths, out, temperature=0.7,
+                                        vocab_limit=self._LIMIT), atol=2e-5)
+
+  def test_stop_ids_must_be_sampleable_and_limit_within_model(self):
+    prompts, lengths = _prompts()
+    with self.assertRaisesRegex(ValueError, r"stop_token_ids must be ids in \[0, 20\)"):
+      _sample(prompts, lengths, vocab_limit=self._LIMIT, stop_token_ids=[25])
+    with self.assertRaisesRegex(ValueError, "vocab_limit"):
+      _sample(prompts, lengths, vocab_limit=38)
+
+  def test_sampleable_vocab(self):
+
+    class _Tok:
+      def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    self.assertEqual(sampler.sampleable_vocab(_Tok(330), 336), 330)
+    self.assertEqual(sampler.sampleable_vocab(_Tok(336), 336), 0)  # no padded rows
+    with self.assertRaisesRegex(ValueError, "more than the model's embedding"):
+      sampler.sampleable_vocab(_Tok(337), 336)
+    with self.assertRaisesRegex(ValueError, "tokenizer.vocab_size"):
+      sampler.sampleable_vocab(object(), 336)
+    with self.assertRaisesRegex(ValueError, "model_vocab_size"):
+      sampler.sampleable_vocab(_Tok(3), 0)
 
 
 class StopAndMaskTest(parameterized.TestCase):

@@ -155,10 +155,16 @@ class RLSection:
                  and self.buckets[0] >= 8, f"{path}.buckets",
                  "must be strictly increasing lengths >= 8", self.buckets)
 
-  def transform(self, temperature: float | None = None) -> core_types.SamplingTransform:
-    """The behaviour policy's sampling transform (`temperature` overrides `rl.temperature`)."""
+  def transform(self, temperature: float | None = None, *,
+                vocab_limit: int = 0) -> core_types.SamplingTransform:
+    """The behaviour policy's sampling transform (`temperature` overrides `rl.temperature`).
+
+    `vocab_limit`: ids at or past it are never sampled (the padded embedding rows of a model
+    larger than its tokenizer: `models.sampler.sampleable_vocab`); 0 = none.
+    """
     return core_types.SamplingTransform(
-        self.temperature if temperature is None else temperature, self.top_k, self.top_p)
+        self.temperature if temperature is None else temperature, self.top_k, self.top_p,
+        vocab_limit)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,9 @@ learner recomputes log-probs of the same tokens with the same function and the
 same arguments. The importance ratio `exp(learner - behaviour)` is therefore 1
 up to floating-point tolerance whenever the parameters are unchanged.
 
-Transform order (as in Hugging Face `generate` and vLLM): temperature scaling,
+Transform order (as in Hugging Face `generate` and vLLM): the ids past the tokenizer's
+vocabulary (`vocab_limit`: the padded rows of an embedding larger than the tokenizer) masked,
+temperature scaling,
 then top-k (Fan et al., 2018, "Hierarchical Neural Story Generation"), then
 top-p / nucleus filtering (Holtzman et al., 2020, "The Curious Case of Neural
 Text Degeneration") on the temperature-scaled distribution. Filtered-out
@@ -29,11 +31,14 @@ def transform_logits(
     logits: jax.Array,
     transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
 ) -> jax.Array:
-  """Applies temperature, top-k and top-p to logits.
+  """Applies the vocabulary limit, temperature, top-k and top-p to logits.
 
   Args:
     logits: `[..., V]` float logits (any float dtype; computed in float32).
     transform: the `SamplingTransform` (validated when it was built):
+      * `vocab_limit`: entries `>= vocab_limit` get `MASKED_LOGIT` first, so that they are
+        never sampled, never counted in top-k and carry no probability mass (top-p and the
+        log-softmax are over the first `vocab_limit` ids); 0 (or `>= V`) disables.
       * `temperature`: logits are divided by it; a Python number or a traced
         float32 scalar (a traced value does not cause recompilation).
       * `top_k`: keep the `top_k` largest entries per row (ties at the k-th
@@ -55,6 +60,10 @@ def transform_logits(
   top_k, top_p = transform.top_k, transform.top_p
   x = jnp.asarray(logits, jnp.float32) / jnp.asarray(transform.temperature, jnp.float32)
   vocab = x.shape[-1]
+  limit = transform.vocab_limit
+  if 0 < limit < vocab:
+    x = jnp.where(jnp.arange(vocab) < limit, x, MASKED_LOGIT)
+    vocab = limit
   if 0 < top_k < vocab:
     kth = jax.lax.top_k(x, top_k)[0][..., -1:]
     x = jnp.where(x >= kth, x, MASKED_LOGIT)
@@ -86,8 +95,8 @@ def token_logprobs(
     transform: the sampling transform, see `transform_logits`.
 
   Returns:
-    `[...]` float32 log-probs; a token removed by top-k/top-p gets about
-    `MASKED_LOGIT` (a huge negative, finite number).
+    `[...]` float32 log-probs; a token removed by top-k/top-p (or at or past
+    `vocab_limit`) gets about `MASKED_LOGIT` (a huge negative, finite number).
 
   Raises:
     ValueError: if `targets.shape != logits.shape[:-1]`, or `transform` is not

@@ -3,9 +3,9 @@
 * `UpdateBatch`: one Agentic GRPO learner batch, built on the host by `replay.StagedReplay.take`
   (or `UpdateBatch.padding`) and consumed by the jitted update step.
 * `SFTBatch`: one supervised warm-start batch (reference episodes).
-* `SamplingTransform`: temperature, top-k, top-p; the sampler draws tokens and records their
-  behaviour log-probs under it, the learner recomputes log-probs under the same value, so the
-  importance ratio is 1 on policy (`core.logprobs`).
+* `SamplingTransform`: the sampleable ids, temperature, top-k, top-p; the sampler draws tokens
+  and records their behaviour log-probs under it, the learner recomputes log-probs under the
+  same value, so the importance ratio is 1 on policy (`core.logprobs`).
 
 The batches are `NamedTuple`s, hence pytrees: `jax.device_put`, `jax.tree.map` and the mesh
 placement helpers keep their type. `check()` validates ranks, shapes and dtypes on host arrays,
@@ -154,14 +154,22 @@ class SamplingTransform:
     temperature: > 0; logits are divided by it.
     top_k: int >= 0; keep the `top_k` largest logits per row, 0 disables.
     top_p: in (0, 1]; nucleus mass kept, a Python 1.0 disables the filter at trace time.
+    vocab_limit: int >= 0, static; ids `>= vocab_limit` are never sampled (their logits are
+      masked before everything else), 0 disables. A model whose embedding has more rows than
+      its tokenizer has ids (real Qwen2.5 / Qwen3 checkpoints pad 151,665 ids to 151,936
+      rows) is sampled, trained and evaluated with `vocab_limit` = the tokenizer's vocabulary
+      (`models.sampler.sampleable_vocab`), so that no id the tokenizer cannot decode is
+      drawn and the learner's log-probs are normalised over the same ids as the sampler's.
 
   Raises:
-    ValueError: at construction, for `temperature <= 0`, a `top_k` that is not a non-negative
-      int, or a `top_p` outside (0, 1] (checked when they are Python numbers).
+    ValueError: at construction, for `temperature <= 0`, a `top_k` or `vocab_limit` that is
+      not a non-negative int, or a `top_p` outside (0, 1] (checked when they are Python
+      numbers).
   """
   temperature: Scalar = 1.0
   top_k: int = 0
   top_p: Scalar = 1.0
+  vocab_limit: int = 0
 
   def __post_init__(self):
     if _is_number(self.temperature) and not self.temperature > 0:
@@ -171,6 +179,10 @@ class SamplingTransform:
       raise ValueError(f"top_k must be a non-negative int (0 disables), got {self.top_k!r}")
     if _is_number(self.top_p) and not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+    if (not isinstance(self.vocab_limit, (int, np.integer)) or isinstance(self.vocab_limit, bool)
+        or self.vocab_limit < 0):
+      raise ValueError(f"vocab_limit must be a non-negative int (0 disables), got "
+                       f"{self.vocab_limit!r}")
 
   @property
   def uses_top_p(self) -> bool:

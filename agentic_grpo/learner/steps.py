@@ -138,7 +138,7 @@ class CountedJit:
 
 def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
                      optimizer: optax.GradientTransformation, *,
-                     shardings: Optional[Shardings] = None):
+                     shardings: Optional[Shardings] = None, vocab_limit: int = 0):
   """Builds the jitted Agentic GRPO update `(state, batch, ref_params) -> (state, metrics)`.
 
   Cached on the arguments that shape the computation (model structure, `loss`, micro-batches,
@@ -151,6 +151,10 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
       transform).
     optimizer: from `make_optimizer`.
     shardings: in/out shardings; replicated on one device by default.
+    vocab_limit: the sampler's `SamplingTransform.vocab_limit` (the tokenizer's vocabulary
+      when the embedding has padded rows: `models.sampler.sampleable_vocab`; 0 = none):
+      log-probs, the KL term and the entropy are over the same ids the sampler draws from,
+      so that the importance ratio is 1 on policy.
 
   The returned callable takes:
     state: `TrainState` (donated: do not reuse the argument).
@@ -177,8 +181,9 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
   # bucket a batch has (`replay.batching.row_buckets`): padding rows never change the loss.
   num_rows = (cfg.rl.rows_per_update // cfg.rl.micro_batches
               if cfg.loss.aggregation == "seq_mean_token_sum_norm" else None)
-  return _update_step(graphdef, cfg.loss, cfg.rl.micro_batches, num_rows, cfg.rl.transform(),
-                      optimizer, shardings or Shardings.replicated())
+  return _update_step(graphdef, cfg.loss, cfg.rl.micro_batches, num_rows,
+                      cfg.rl.transform(vocab_limit=vocab_limit), optimizer,
+                      shardings or Shardings.replicated())
 
 
 @functools.lru_cache(maxsize=16)
@@ -187,8 +192,10 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
                  shardings: Shardings):
   """The cached body of `make_update_step`."""
   max_tokens = loss_cfg.max_tokens or None
-  # The KL term's distributions: temperature-scaled, not filtered (module docstring).
-  kl_transform = core_types.SamplingTransform(temperature=transform.temperature)
+  # The KL term's distributions: temperature-scaled, not filtered (module docstring), over the
+  # sampleable ids.
+  kl_transform = core_types.SamplingTransform(temperature=transform.temperature,
+                                              vocab_limit=transform.vocab_limit)
   filtered = transform != kl_transform
   use_kl = loss_cfg.kl_beta > 0
 
@@ -240,28 +247,30 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
 
 def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
                   optimizer: optax.GradientTransformation, *,
-                  shardings: Optional[Shardings] = None):
+                  shardings: Optional[Shardings] = None, vocab_limit: int = 0):
   """Builds the jitted supervised warm-start step `(state, batch) -> (state, metrics)`.
 
   `batch` is a `core.types.SFTBatch`: `tokens [N, T]` int32 and `loss_mask [N, T]` bool (True on
   the tokens to imitate); the loss is the token-mean negative log-likelihood (temperature 1, no
-  filtering). Metrics: `loss`, `token_accuracy`, `grad_norm`, `update_skipped`,
-  `nonfinite_consecutive`, `nonfinite_total`.
+  filtering; over the first `vocab_limit` ids when it is > 0, as the sampler draws: see
+  `make_update_step`). Metrics: `loss`, `token_accuracy` (the argmax over the same ids),
+  `grad_norm`, `update_skipped`, `nonfinite_consecutive`, `nonfinite_total`.
   Micro-batched like `make_update_step` (token-count weighting); cached like it.
   """
-  return _sft_step(graphdef, cfg.rl.micro_batches, optimizer, shardings or Shardings.replicated())
+  return _sft_step(graphdef, cfg.rl.micro_batches, optimizer, shardings or Shardings.replicated(),
+                   core_types.SamplingTransform(vocab_limit=vocab_limit))
 
 
 @functools.lru_cache(maxsize=8)
-def _sft_step(graphdef, micro_batches: int, optimizer, shardings: Shardings):
+def _sft_step(graphdef, micro_batches: int, optimizer, shardings: Shardings,
+              transform: core_types.SamplingTransform):
   """The cached body of `make_sft_step`."""
 
   def loss_fn(params, mb: core_types.SFTBatch):
     mask = mb.loss_mask
-    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens,
-                                       core_types.IDENTITY_TRANSFORM)
+    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform)
     nll = losses_lib.aggregate(-logprobs, mask, "token_mean")
-    pred = jnp.argmax(logits[:, :-1], axis=-1)
+    pred = jnp.argmax(logprobs_lib.transform_logits(logits[:, :-1], transform), axis=-1)
     hit = jnp.concatenate([jnp.zeros_like(mask[:, :1]), pred == mb.tokens[:, 1:]], axis=1)
     acc = losses_lib.aggregate(hit.astype(jnp.float32), mask, "token_mean")
     return nll, {"token_accuracy": jax.lax.stop_gradient(acc)}

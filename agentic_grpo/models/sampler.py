@@ -5,7 +5,9 @@
 cache-length segment: see `decode_segments`) until every row has stopped or
 `max_new_tokens` tokens were generated.
 Tokens are drawn from `softmax(core.logprobs.transform_logits(logits))`
-(temperature, top-k, top-p) or taken greedily, and the behaviour log-prob of
+(vocabulary limit, temperature, top-k, top-p) or taken greedily (the argmax of
+the same transformed logits: an id at or past `transform.vocab_limit`, a padded
+embedding row the tokenizer cannot decode, is never generated), and the behaviour log-prob of
 each generated token is recorded under the same transform, so that
 `transformer.sequence_logprobs` over the joined prompt + completion gives the
 same values (importance ratio 1 on policy).
@@ -19,7 +21,7 @@ pad or EOS (which may be equal).
 
 Shapes are static per call: prompts are padded to a bucket (powers of two by
 default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
-`greedy`, whether top-p is on, and stop-table shapes reuse one compiled
+`vocab_limit`, `greedy`, whether top-p is on, and stop-table shapes reuse one compiled
 program; `temperature`, the `top_p` value, the RNG and the stop ids are traced.
 
 Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
@@ -173,6 +175,35 @@ def join_prompt_completion(
   return tokens.astype(jnp.int32), positions, in_prompt | in_completion, in_completion
 
 
+def sampleable_vocab(tokenizer, model_vocab_size: int) -> int:
+  """The `SamplingTransform.vocab_limit` of a model run with `tokenizer`.
+
+  A model's embedding may have more rows than its tokenizer has ids (Qwen2.5 / Qwen3 pad
+  151,665 ids to 151,936 rows, for sharding); ids past the tokenizer's vocabulary cannot be
+  decoded and must never be sampled.
+
+  Args:
+    tokenizer: a `ByteTokenizer` or `HFTokenizer` (anything with an int `vocab_size`).
+    model_vocab_size: the model's embedding rows (`ModelConfig.vocab_size`).
+
+  Returns:
+    `tokenizer.vocab_size` when it is smaller than `model_vocab_size` (the padded rows are
+    masked), else 0 (no limit: every model id is a tokenizer id).
+
+  Raises:
+    ValueError: the tokenizer has more ids than the model has rows, or a size is not a
+      positive int.
+  """
+  vocab = getattr(tokenizer, "vocab_size", None)
+  for name, value in (("tokenizer.vocab_size", vocab), ("model_vocab_size", model_vocab_size)):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}")
+  if vocab > model_vocab_size:
+    raise ValueError(f"the tokenizer has {vocab} ids, more than the model's embedding "
+                     f"({model_vocab_size} rows)")
+  return int(vocab) if vocab < model_vocab_size else 0
+
+
 def encode_stop_strings(tokenizer, stop_strings: Sequence[str]) -> list[list[int]]:
   """Token sequences of stop strings, for `sample(stop_sequences=...)`.
 
@@ -284,7 +315,7 @@ def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
 # as separate functions would each take a dozen arguments.
 def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
                  stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p,
-                 cache_shardings=None):
+                 vocab_limit=0, cache_shardings=None):
   """Jitted body of `sample`; see there.
 
   `cache_shardings`: None, or `(n, slots) -> KVCache` of shardings that the
@@ -293,8 +324,9 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   config = nnx.merge(graphdef, params).config
   n, p = prompts.shape
   t_max = max_new_tokens
-  # `temperature` and `top_p` traced, `top_k` and whether top-p is on static.
-  transform = core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0)
+  # `temperature` and `top_p` traced; `top_k`, `vocab_limit` and whether top-p is on static.
+  transform = core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0,
+                                           vocab_limit)
 
   def place(cache):
     if cache_shardings is None:
@@ -377,13 +409,14 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   return SampleOutput(tokens=out_tokens, lengths=lengths, finish_reason=finish, logprobs=out_lp)
 
 
-_STATIC_ARGNAMES = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p")
+_STATIC_ARGNAMES = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p",
+                    "vocab_limit")
 _SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
 
 
 @functools.lru_cache(maxsize=64)
 def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, top_k: int,
-                 greedy: bool, use_top_p: bool):
+                 greedy: bool, use_top_p: bool, vocab_limit: int):
   """`_sample_impl` jitted with explicit in/out shardings for `n` global rows."""
   rows = shardings.rows(n)
   rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
@@ -392,7 +425,7 @@ def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, to
     return _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
                         stop_ids, stop_seqs, pad_id, max_new_tokens=max_new_tokens,
                         top_k=top_k, greedy=greedy, use_top_p=use_top_p,
-                        cache_shardings=shardings.cache)
+                        vocab_limit=vocab_limit, cache_shardings=shardings.cache)
 
   return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep),
                  out_shardings=SampleOutput(rows, rows, rows, rows))
@@ -424,9 +457,13 @@ def sample(
     rng: a `jax.random` key; split into one key per row, folded with the step.
     max_new_tokens: static, tokens to generate at most (the output width T).
     transform: the `SamplingTransform` tokens are drawn under and their
-      log-probs recorded under; its `top_k` (and whether `top_p < 1`) is
-      static, its `temperature` and `top_p` values are traced.
-    greedy: take the argmax instead of sampling; log-probs are still those of
+      log-probs recorded under; its `top_k`, `vocab_limit` (and whether
+      `top_p < 1`) are static, its `temperature` and `top_p` values are
+      traced. Give a model whose embedding is larger than its tokenizer
+      `vocab_limit` = the tokenizer's vocabulary
+      (`sampleable_vocab`).
+    greedy: take the argmax of the transformed logits instead of sampling
+      (never an id at or past `vocab_limit`); log-probs are still those of
       the transformed distribution.
     stop_token_ids: ids that end a row: `[K]` for all rows, or `N` per-row
       lists / an `[N, K]` array padded with -1.
@@ -452,8 +489,9 @@ def sample(
   Raises:
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
       tokens longer than the model's `max_seq_len`, non-positive
-      `max_new_tokens`, a `transform` that is not a `SamplingTransform`, or
-      stop ids outside the vocabulary.
+      `max_new_tokens`, a `transform` that is not a `SamplingTransform`, a
+      `transform.vocab_limit` above the model's vocabulary, or stop ids
+      outside the sampleable ids (`[0, vocab_limit or vocab_size)`).
   """
   prompts = np.asarray(prompts)
   prompt_lengths = np.asarray(prompt_lengths)
@@ -482,9 +520,16 @@ def sample(
     prompts = prompts[:, :bucket]
   stop_ids = _stop_id_table(stop_token_ids, n)
   stop_seqs = _stop_seq_table(stop_sequences, n)
+  if transform.vocab_limit > config.vocab_size:
+    raise ValueError(f"transform.vocab_limit ({transform.vocab_limit}) must be at most the "
+                     f"model's vocab_size ({config.vocab_size})")
+  sampleable = transform.vocab_limit or config.vocab_size
+  # A limit of the whole vocabulary masks nothing: compile it as no limit.
+  vocab_limit = int(transform.vocab_limit) if sampleable < config.vocab_size else 0
   for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
-    if np.any(table >= config.vocab_size) or np.any(table < -1):
-      raise ValueError(f"{name} must be ids in [0, {config.vocab_size}), got {table.tolist()}")
+    if np.any(table >= sampleable) or np.any(table < -1):
+      raise ValueError(f"{name} must be ids in [0, {sampleable}) (the sampleable ids), got "
+                       f"{table.tolist()}")
   if shardings is not None:
     # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
     # `jax.transfer_guard("disallow")`.
@@ -494,11 +539,11 @@ def sample(
                                "temperature": np.float32(temperature),
                                "top_p": np.float32(top_p), "pad_id": np.int32(pad_id)})
     fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
-                      top_k, bool(greedy), bool(top_p < 1.0))
+                      top_k, bool(greedy), bool(top_p < 1.0), vocab_limit)
     return fn(params, rows["prompts"], rows["lengths"], rng, rows["temperature"],
               rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"])
   return _SAMPLE_JIT(
       graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
       rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),
       jnp.asarray(stop_seqs), jnp.int32(pad_id), max_new_tokens=max_new_tokens, top_k=top_k,
-      greedy=bool(greedy), use_top_p=bool(top_p < 1.0))
+      greedy=bool(greedy), use_top_p=bool(top_p < 1.0), vocab_limit=vocab_limit)

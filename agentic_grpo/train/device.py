@@ -90,6 +90,16 @@ def build_model(cfg: config_lib.TrainConfig) -> ModelParts:
                     shardings, source)
 
 
+def vocab_limit(comp) -> int:
+  """The sampling transform's `vocab_limit` of a run built as `comp`: the tokenizer's
+  vocabulary when the model's embedding has more rows (a padded checkpoint), else 0.
+
+  The sampler (RL and evaluation), the update step and the warm-start step all use it, so that
+  no id the tokenizer cannot decode is drawn and every log-prob is over the same ids.
+  """
+  return sampler_lib.sampleable_vocab(comp.tokenizer, comp.model_config.vocab_size)
+
+
 def packs_prefixes(cfg: config_lib.TrainConfig) -> bool:
   """Whether the RL phase's update batches are packed (`rl.pack_prefix`, and a loss additive
   over a row's tokens: `core.losses.segments_additive`)."""
@@ -172,7 +182,8 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   `sample_fn(params, prompts [n, P] int32, lengths [n] int32, counter, greedy)` returns NumPy
   `(tokens [n, max_new_tokens], lengths [n], logprobs [n, max_new_tokens])`: this process's
   rows. `temperature` defaults to `rl.temperature` (the behaviour policy's); evaluation passes
-  `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way.
+  `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way, and so does `vocab_limit(comp)`:
+  greedy or sampled, no id past the tokenizer's vocabulary is generated.
 
   Jitted over the run's mesh with explicit shardings (`sampler_lib.sampler_shardings`). In a
   multi-process run it is a collective: each process passes its own rows, the processes agree
@@ -181,7 +192,7 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   `jax.transfer_guard(transfer_guard)`.
   """
   cfg = comp.cfg
-  transform = cfg.rl.transform(temperature)
+  transform = cfg.rl.transform(temperature, vocab_limit=vocab_limit(comp))
   tok = comp.tokenizer
   stop_ids = [tok.token_id(s) for s in comp.workflow_factory().stop_tokens()]
   base = jax.random.key(seed)
@@ -288,7 +299,8 @@ class DeviceSide:
     """Dispatches one warm-start step on this process's rows `[n, warmstart.seq_len]`."""
     if self._sft_step is None:
       self._sft_step = learner.make_sft_step(self._comp.graphdef, self._cfg, self._ws_opt,
-                                             shardings=self._comp.shardings)
+                                             shardings=self._comp.shardings,
+                                             vocab_limit=vocab_limit(self._comp))
     with jax.transfer_guard(self._transfer_guard):
       placed = self._put(batch)
       self._state, metrics = self._sft_step(self._state, placed)
@@ -316,7 +328,8 @@ class DeviceSide:
     """
     if self._update_step is None:
       self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
-                                                   self._rl_opt, shardings=self._comp.shardings)
+                                                   self._rl_opt, shardings=self._comp.shardings,
+                                                   vocab_limit=vocab_limit(self._comp))
     if packs_prefixes(self._cfg):
       batch = self._packed_share(batch, rows, buckets)
     with jax.transfer_guard(self._transfer_guard):
