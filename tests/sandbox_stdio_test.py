@@ -290,6 +290,29 @@ class OutputsMatchTest(parameterized.TestCase):
   def test_tolerant(self, actual, expected, abs_tol, rel_tol, match):
     self.assertEqual(stdio.outputs_match(actual, expected, abs_tol, rel_tol), match)
 
+  @parameterized.parameters(
+      (b"YES", "yes", True),
+      (b"Yes\nNO", "yes no", True),
+      (b"yes", "yess", False),
+      (b"1E3", "1e3", True),
+      (b"\xc3\x89", "\u00e9", False),  # ASCII case only, as the CodeContests judge
+  )
+  def test_ignore_case(self, actual, expected, match):
+    self.assertEqual(stdio.outputs_match(actual, expected, ignore_case=True), match)
+    self.assertEqual(stdio.outputs_match(actual, expected), actual == expected.encode())
+
+  @parameterized.parameters(
+      (b"1.5000000000", "1.5", True),
+      (b"3.0", "3", True),
+      (b"0.10", ".1", True),
+      (b"1.5000000001", "1.5", False),  # by value, no tolerance
+      (b"007", "7", True),
+      (b"8", "7", False),
+      (b"abc", "abd", False),
+  )
+  def test_numbers_by_value(self, actual, expected, match):
+    self.assertEqual(stdio.outputs_match(actual, expected, numbers_by_value=True), match)
+
 
 class ValidationTest(parameterized.TestCase):
 
@@ -304,6 +327,8 @@ class ValidationTest(parameterized.TestCase):
       dict(budget_seconds=0),
       dict(budget_seconds=float("nan")),
       dict(budget_seconds=True),
+      dict(ignore_case=1),
+      dict(numbers_by_value="yes"),
   )
   def test_bad_program(self, **kwargs):
     args = dict(source="print(1)", tests=(stdio.StdioTest("", "1"),))

@@ -78,7 +78,8 @@ class LayoutTest(parameterized.TestCase):
     self.assertEqual(t.public_examples, (task_lib.Example(("1 2\n",), "3\n"),))
     self.assertEqual([e.expected for e in t.hidden_tests], ["12\n", "0\n", "101\n"])
     self.assertEqual(t.reference_solution, SUM)  # the Python 3 one (language 3)
-    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=1.5, memory_bytes=268435456))
+    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=1.5, memory_bytes=268435456,
+                                                 abs_tol=1e-5, ignore_case=True))
     self.assertEqual(t.difficulty, 7)
     self.assertIsNone(t.probe)  # no hypothesis reward for stdio tasks
     self.assertIn("Print a + b.", t.prompt)
@@ -89,7 +90,8 @@ class LayoutTest(parameterized.TestCase):
     self.assertEqual(t.task_id, "apps/12")
     self.assertLen(t.public_examples, 1)
     self.assertLen(t.hidden_tests, 3)
-    self.assertEqual(t.stdio, task_lib.StdioSpec())  # the run's sandbox limits
+    # The run's sandbox limits; the APPS harness's float comparison (numpy.allclose).
+    self.assertEqual(t.stdio, task_lib.StdioSpec(abs_tol=1e-8, rel_tol=1e-5))
     self.assertEqual(t.difficulty, 1)
     self.assertEqual(t.reference_solution, MAX)
 
@@ -97,7 +99,8 @@ class LayoutTest(parameterized.TestCase):
     t = stdio_problems.row_to_task(taco_row(), 4, "taco.jsonl", "taco")
     self.assertEqual(t.task_id, "taco/maxnum")
     self.assertEqual(t.public_examples, (task_lib.Example(("3\n1 5 2\n",), "5"),))
-    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=2.0, memory_bytes=128 * 2**20))
+    self.assertEqual(t.stdio, task_lib.StdioSpec(time_seconds=2.0, memory_bytes=128 * 2**20,
+                                                 abs_tol=1e-8, rel_tol=1e-5))
 
   def test_livecodebench(self):
     t = stdio_problems.row_to_task(livecodebench_row(), 1, "lcb.jsonl", "livecodebench")
@@ -106,6 +109,7 @@ class LayoutTest(parameterized.TestCase):
     self.assertLen(t.hidden_tests, 2)
     self.assertIsNone(t.reference_solution)
     self.assertEqual(t.difficulty, 0)
+    self.assertEqual(t.stdio, task_lib.StdioSpec(numbers_by_value=True))
 
   def test_hidden_tests_default_to_the_public_ones(self):
     row = codecontests_row(private_tests=None, generated_tests={"input": [], "output": []})
@@ -300,6 +304,74 @@ class MalformedRowsTest(parameterized.TestCase):
       config_lib.TaskSection(source="stdio", path="x", stdio_layout="codeforces").validate("task")
 
 
+# A float answer: the expected outputs print 1.5 where the reference prints 1.5000000000.
+HALF = "a, b = map(int, input().split())\nprint(f'{a / b:.10f}')\n"
+
+
+def float_rows():
+  """The division problem in the CodeContests and the APPS layout, and an integer problem."""
+  tests = {"input": ["3 2\n", "1 4\n", "10 5\n"], "output": ["1.5\n", "0.25\n", "2\n"]}
+  cc = codecontests_row(name="half", solution=HALF,
+                        public_tests={"input": tests["input"][:1], "output": tests["output"][:1]},
+                        private_tests={"input": tests["input"][1:],
+                                       "output": tests["output"][1:]},
+                        generated_tests=None)
+  apps = apps_row(problem_id="half2", solution=HALF, input_output=json.dumps(
+      {"inputs": tests["input"], "outputs": tests["output"]}))
+  return [cc, apps, codecontests_row(name="sum")]
+
+
+class FloatAnswersTest(parameterized.TestCase):
+  """Each layout judges outputs as its own harness does (`LAYOUT_COMPARISON`), overridable by
+  `float_tolerance`; a row's own tolerance fields win."""
+
+  def _match(self, task, actual, expected):
+    s = task.stdio
+    return sandbox.outputs_match(actual, expected, s.abs_tol, s.rel_tol,
+                                 ignore_case=s.ignore_case, numbers_by_value=s.numbers_by_value)
+
+  @parameterized.named_parameters(
+      # name, row, "1.5000000000" ok, "1.5001" ok, "1.5000001" ok, "YES" for "yes" ok
+      ("codecontests", codecontests_row(), True, False, True, True),
+      ("apps", apps_row(), True, False, True, False),
+      ("taco", taco_row(), True, False, True, False),
+      ("livecodebench", livecodebench_row(), True, False, False, False),
+  )
+  def test_layout_comparison(self, row, padded, off_4, off_7, case):
+    task = stdio_problems.row_to_task(row, 1, "p.jsonl")
+    self.assertEqual(self._match(task, b"1.5000000000", "1.5"), padded)
+    self.assertEqual(self._match(task, b"1.5001", "1.5"), off_4)
+    self.assertEqual(self._match(task, b"1.5000001", "1.5"), off_7)
+    self.assertEqual(self._match(task, b"YES", "yes"), case)
+    self.assertFalse(self._match(task, b"1000001", "1000000"))  # integers always exactly
+    self.assertFalse(self._match(task, b"1.6", "1.5"))
+
+  def test_float_tolerance_overrides_the_layout_and_rows_win(self):
+    exact = stdio_problems.row_to_task(apps_row(), 1, "p.jsonl", float_tolerance=0.0)
+    self.assertEqual((exact.stdio.abs_tol, exact.stdio.rel_tol), (0.0, 0.0))
+    self.assertFalse(self._match(exact, b"1.5000000000", "1.5"))
+    loose = stdio_problems.row_to_task(codecontests_row(), 1, "p.jsonl", float_tolerance=0.01)
+    self.assertEqual((loose.stdio.abs_tol, loose.stdio.rel_tol), (0.01, 0.01))
+    self.assertTrue(loose.stdio.ignore_case)  # only the tolerance is replaced
+    self.assertTrue(self._match(loose, b"1.505", "1.5"))
+    own = stdio_problems.row_to_task(apps_row(abs_tol=0.1), 1, "p.jsonl", float_tolerance=0.0)
+    self.assertEqual((own.stdio.abs_tol, own.stdio.rel_tol), (0.1, 0.0))
+    self.assertEqual(stdio_problems.comparison("livecodebench", 1e-3),
+                     dict(abs_tol=1e-3, rel_tol=1e-3, ignore_case=False, numbers_by_value=True))
+
+  @parameterized.parameters(-1.0, float("nan"), float("inf"), True, "0.1")
+  def test_bad_float_tolerance(self, bad):
+    with self.assertRaisesRegex(ValueError, "float_tolerance"):
+      stdio_problems.row_to_task(apps_row(), 1, "p.jsonl", float_tolerance=bad)
+    with self.assertRaisesRegex(ValueError, "float_tolerance"):
+      stdio_problems.load_stdio("unused.jsonl", float_tolerance=bad)
+
+  def test_every_layout_has_a_comparison(self):
+    self.assertEqual(set(stdio_problems.LAYOUT_COMPARISON), set(stdio_problems.LAYOUTS))
+    for layout in stdio_problems.LAYOUTS:
+      task_lib.StdioSpec(**stdio_problems.comparison(layout))  # valid judge settings
+
+
 class JudgedTest(absltest.TestCase):
   """Reference checks and the workflow's stages on stdio tasks, in a real sandbox."""
 
@@ -329,6 +401,28 @@ class JudgedTest(absltest.TestCase):
     self.assertIn("timeout", str(errors[1]))
     with self.assertRaisesRegex(loading.RowError, r"row 3, field 'solutions'"):
       stdio_problems.load_stdio(path, on_error="raise", check=check)
+
+  def test_float_problems_are_kept_by_the_reference_check_and_judged_right(self):
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in float_rows())
+    check = lambda tasks: execution.reference_failures(tasks, self.pool)
+    tasks = stdio_problems.load_stdio(path, on_error="raise", check=check)
+    self.assertEqual([t.task_id for t in tasks],
+                     ["codecontests/half", "apps/half2", "codecontests/sum"])
+    for task in tasks[:2]:
+      programs = [execution.hidden_program(task, source, self.pool)
+                  for source in (HALF, "a, b = map(int, input().split())\nprint(a / b)\n",
+                                 "a, b = map(int, input().split())\nprint(a // b)\n")]
+      verdicts = [r.verdict for r in self.pool.map(programs)]
+      self.assertEqual(verdicts[:2], [sandbox.StdioVerdict.PASSED] * 2, task.task_id)
+      self.assertEqual(verdicts[2], sandbox.StdioVerdict.WRONG_ANSWER, task.task_id)
+    # With exact numbers the references "fail their own tests" and are dropped.
+    errors = []
+    exact = stdio_problems.load_stdio(path, on_error="skip", check=check, errors=errors,
+                                      float_tolerance=0.0)
+    self.assertEqual([t.task_id for t in exact], ["codecontests/sum"])
+    self.assertEqual([(e.row, e.field) for e in errors], [(1, "solutions"), (2, "solutions")])
 
   def test_source_registry_splits_and_checks(self):
     rows = [codecontests_row(name=f"p{i}") for i in range(8)] + [

@@ -118,7 +118,8 @@ def program(task: task_lib.Task, source: str, examples: Sequence[task_lib.Exampl
       source, stdio_tests(examples),
       time_seconds=spec.time_seconds if spec.time_seconds is not None else limits.cpu_seconds,
       memory_bytes=spec.memory_bytes if spec.memory_bytes is not None else limits.memory_bytes,
-      abs_tol=spec.abs_tol, rel_tol=spec.rel_tol, stop_on_error=all_or_nothing,
+      abs_tol=spec.abs_tol, rel_tol=spec.rel_tol, ignore_case=spec.ignore_case,
+      numbers_by_value=spec.numbers_by_value, stop_on_error=all_or_nothing,
       budget_seconds=None if all_or_nothing else limits.stdio_budget_seconds)
 
 

@@ -4,7 +4,8 @@ A row is one problem in one of four common layouts (`LAYOUTS`), chosen by `layou
 detected from the row's keys with `auto` (`detect_layout`). Each becomes a `Task` of kind
 `stdio` (`task.STDIO`): the agent writes a whole program that reads the input on stdin and
 prints the answer; every test is an `Example((INPUT,), OUTPUT)` with strings, judged by
-`agent.sandbox.stdio` (token-wise, whitespace normalised) under the problem's limits.
+`agent.sandbox.stdio` (token-wise, whitespace normalised) under the problem's limits, with the
+output comparison of the layout's own harness (`LAYOUT_COMPARISON`, below).
 
 | Task field          | codecontests               | apps                     | taco                          | livecodebench                  |
 |---------------------|----------------------------|--------------------------|-------------------------------|--------------------------------|
@@ -16,6 +17,7 @@ prints the answer; every test is an `Example((INPUT,), OUTPUT)` with strings, ju
 | stdio.memory_bytes  | `memory_limit_bytes`: bytes | -                       | `memory_limit` ("256 megabytes"): MB | -                       |
 | reference_solution  | first Python 3 of `solutions` {language: 3, solution} | first of `solutions` (JSON list) | first of `solutions` (JSON list) | -  |
 | difficulty          | `difficulty` (int)         | `difficulty` (introductory/interview/competition: 0/1/2) | `difficulty` (EASY...: 0...) | `difficulty` (easy/medium/hard: 0/1/2) |
+| output comparison   | numbers within 1e-5 absolute, case ignored | numbers within rel 1e-5 + abs 1e-8 | as APPS  | numbers by exact value       |
 
 Tests: CodeContests' `{input: [...], output: [...]}` objects; APPS/TACO's `input_output`, a JSON
 string (or object) `{"inputs": [...], "outputs": [...]}` whose items are strings or lists of
@@ -41,8 +43,26 @@ Call-based problems (APPS/TACO `fn_name`, LiveCodeBench `testtype: functional`) 
 stdin/stdout problems and are rejected. Limits a row does not give (or gives as 0/null) are
 the run's `config.sandbox` limits at judging time; a memory limit under 64 MiB is raised to
 64 MiB (what the interpreter needs); a limit over `task.MAX_TIME_SECONDS` /
-`task.MAX_MEMORY_BYTES` is a malformed row. Every layout may give a float tolerance: `abs_tol`,
-`rel_tol`, or `float_tolerance` (both), numbers >= 0.
+`task.MAX_MEMORY_BYTES` is a malformed row.
+
+Output comparison. The rows carry no tolerance field, so each layout is judged as its own
+harness judges (`LAYOUT_COMPARISON`); tokens are whitespace-separated everywhere, and two
+integer tokens must always be equal (a tolerance is for real-valued answers):
+
+* codecontests: the CodeContests judge (`OutputsMatch` of its execution service): tokens
+  compared in lower case, and two number tokens, not both integers, match within an absolute
+  1e-5 (`abs_tol=1e-5`, `ignore_case`): `1.5000000000` is `1.5`, `YES` is `yes`.
+* apps, taco: the APPS harness (`testing_util.run_test`, which TACO's reuses): numbers match
+  under `numpy.allclose`'s default tolerance, about a relative 1e-5 plus an absolute 1e-8
+  (`rel_tol=1e-5`, `abs_tol=1e-8`). Its looser fallbacks (comparing sets of tokens, ignoring
+  their order; numbers rounded to 3 decimals) are not reproduced: they accept wrong answers.
+* livecodebench: its harness compares each line's tokens as `Decimal`s: numbers by exact value
+  (`numbers_by_value`: `1.50` is `1.5`), no tolerance.
+
+`task.float_tolerance` >= 0 (`load_stdio(float_tolerance=)`) replaces the layout's tolerance
+with that absolute and relative tolerance for every row (0: number tokens byte-exact unless the
+layout compares them by value); a row's own tolerance fields win over both: `abs_tol`,
+`rel_tol`, or `float_tolerance` (both), numbers >= 0 (a missing one of the two is 0).
 
 The prompt is the statement, then the public tests as `'INPUT'->'OUTPUT'` lines (the tests
 stage's format). A `stdio` task has no probe: its hypothesis stage has no reward.
@@ -86,6 +106,15 @@ MEMORY_UNITS = {**dict.fromkeys(("b", "byte", "bytes"), 1),
 # (`task.MAX_TIME_SECONDS`), and judges that count in ms write 1000, 2000, ...
 MS_FROM = 100
 _ABSENT = ("", "none", "null", "n/a", "-")
+# Each layout's output comparison, as its own harness judges (module docstring): `StdioSpec`
+# fields `abs_tol`, `rel_tol`, `ignore_case`, `numbers_by_value`.
+LAYOUT_COMPARISON: dict[str, dict[str, Any]] = {
+    "codecontests": dict(abs_tol=1e-5, rel_tol=0.0, ignore_case=True, numbers_by_value=False),
+    "apps": dict(abs_tol=1e-8, rel_tol=1e-5, ignore_case=False, numbers_by_value=False),
+    "taco": dict(abs_tol=1e-8, rel_tol=1e-5, ignore_case=False, numbers_by_value=False),
+    "livecodebench": dict(abs_tol=0.0, rel_tol=0.0, ignore_case=False, numbers_by_value=True),
+}
+_TOLERANCE_FIELDS = ("abs_tol", "rel_tol", "float_tolerance")
 
 
 def detect_layout(row: dict) -> Optional[str]:
@@ -282,6 +311,31 @@ _CONVERTERS: dict[str, Callable[[_Row], dict]] = {
 }
 
 
+def check_float_tolerance(float_tolerance: Optional[float]) -> None:
+  """Raises `ValueError` unless `float_tolerance` is None or a finite number >= 0."""
+  ft = float_tolerance
+  if ft is not None and (not isinstance(ft, (int, float)) or isinstance(ft, bool)
+                         or not math.isfinite(ft) or ft < 0):
+    raise ValueError(f"float_tolerance must be None or a finite number >= 0, got {ft!r}")
+
+
+def comparison(layout: str, float_tolerance: Optional[float] = None) -> dict[str, Any]:
+  """The output comparison of a row of `layout` with no tolerance field of its own: the
+  layout's (`LAYOUT_COMPARISON`), its tolerance replaced by `float_tolerance` (absolute and
+  relative) when that is not None. `StdioSpec` keyword arguments.
+
+  Raises:
+    ValueError: an unknown layout (not `auto`: a row's layout), or a bad `float_tolerance`.
+  """
+  if layout not in LAYOUT_COMPARISON:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  check_float_tolerance(float_tolerance)
+  out = dict(LAYOUT_COMPARISON[layout])
+  if float_tolerance is not None:
+    out.update(abs_tol=float(float_tolerance), rel_tol=float(float_tolerance))
+  return out
+
+
 def _tolerance(r: _Row) -> tuple[float, float]:
   both = r.d.get("float_tolerance")
   out = []
@@ -298,16 +352,20 @@ def _tolerance(r: _Row) -> tuple[float, float]:
   return out[0], out[1]
 
 
-def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO
-                ) -> task_lib.Task:
+def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO,
+                float_tolerance: Optional[float] = None) -> task_lib.Task:
   """One problem row (layout `layout`, or detected with `auto`) to a `stdio` `Task`.
 
+  `float_tolerance`: None (the layout's own output comparison) or a number >= 0 replacing its
+  tolerance; a row's own tolerance fields win (module docstring, "Output comparison").
+
   Raises:
-    ValueError: for an unknown `layout`.
+    ValueError: for an unknown `layout` or a bad `float_tolerance`.
     loading.RowError: naming the row and field of a malformed row (module docstring).
   """
   if layout not in STDIO_LAYOUTS:
     raise ValueError(f"layout must be one of {STDIO_LAYOUTS}, got {layout!r}")
+  check_float_tolerance(float_tolerance)
   r = _Row(d, row, path)
   if layout == AUTO:
     layout = detect_layout(d)
@@ -321,7 +379,9 @@ def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO
   if not any(e.expected.strip() for e in p["public"] + hidden):
     raise r.error(p["test_field"], "every test expects an empty output: a program that prints "
                                    "nothing would pass")
-  abs_tol, rel_tol = _tolerance(r)
+  compare = comparison(layout, float_tolerance)
+  if any(k in d for k in _TOLERANCE_FIELDS):
+    compare["abs_tol"], compare["rel_tol"] = _tolerance(r)
   reference = p["reference"]
   if reference is not None:
     loading.parse_source(reference, path, row, "solutions")
@@ -336,15 +396,14 @@ def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO
       task_id=f"{layout}/{p['name']}", prompt=prompt + "\n", entry_point="main",
       signature="main()", public_examples=tuple(p["public"]), hidden_tests=tuple(hidden),
       reference_solution=reference, difficulty=difficulty, source="stdio",
-      stdio=task_lib.StdioSpec(time_seconds=p["time"], memory_bytes=p["memory"],
-                               abs_tol=abs_tol, rel_tol=rel_tol))
+      stdio=task_lib.StdioSpec(time_seconds=p["time"], memory_bytes=p["memory"], **compare))
 
 
 def load_stdio(path: str, *, layout: str = AUTO, on_error: str = "raise",
                errors: Optional[list[loading.RowError]] = None,
                check: Optional[Callable[[Sequence[task_lib.Task]],
-                                        Sequence[Optional[str]]]] = None
-               ) -> list[task_lib.Task]:
+                                        Sequence[Optional[str]]]] = None,
+               float_tolerance: Optional[float] = None) -> list[task_lib.Task]:
   """Competitive-programming problems of a JSONL file (optionally .gz) as `stdio` `Task`s.
 
   Args:
@@ -354,13 +413,17 @@ def load_stdio(path: str, *, layout: str = AUTO, on_error: str = "raise",
     errors: if given, skipped rows' `RowError`s are appended to it.
     check: optional reference check (`loading.load_rows`), e.g. running each reference
       solution on its own tests in the sandbox; a failing problem is a malformed row
-      (field `solutions`).
+      (field `solutions`); it judges with each problem's output comparison.
+    float_tolerance: None (each layout's own output comparison) or a number >= 0 replacing
+      its tolerance (`task.float_tolerance`; module docstring, "Output comparison").
 
   Raises:
-    ValueError: for an unknown `layout` or `on_error`.
+    ValueError: for an unknown `layout` or `on_error`, or a bad `float_tolerance`.
     loading.RowError: with `on_error="raise"`, naming the row and field of a malformed row.
   """
   if layout not in STDIO_LAYOUTS:
     raise ValueError(f"layout must be one of {STDIO_LAYOUTS}, got {layout!r}")
-  return loading.load_rows(path, lambda d, row: row_to_task(d, row, str(path), layout),
-                           on_error, errors, check=check, check_field="solutions")
+  check_float_tolerance(float_tolerance)
+  return loading.load_rows(
+      path, lambda d, row: row_to_task(d, row, str(path), layout, float_tolerance),
+      on_error, errors, check=check, check_field="solutions")

@@ -56,12 +56,18 @@ class StdioSpec:
     memory_bytes: address-space cap per test, or None for the run's default
       (`config.sandbox.memory_mb`); at least 64 MiB (the interpreter's need), at most
       `MAX_MEMORY_BYTES`.
-    abs_tol, rel_tol: tolerance for output tokens that are both numbers (0: exact tokens).
+    abs_tol, rel_tol: tolerance for output tokens that are both numbers, not both integers
+      (0: exact tokens).
+    ignore_case: output tokens equal but for ASCII case match (CodeContests' judge).
+    numbers_by_value: output tokens that are both numbers match when their values are equal,
+      even with no tolerance (`1.50` is `1.5`: LiveCodeBench's judge).
   """
   time_seconds: Optional[float] = None
   memory_bytes: Optional[int] = None
   abs_tol: float = 0.0
   rel_tol: float = 0.0
+  ignore_case: bool = False
+  numbers_by_value: bool = False
 
   def __post_init__(self):
     t, m = self.time_seconds, self.memory_bytes
@@ -77,6 +83,9 @@ class StdioSpec:
       v = getattr(self, name)
       if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
         raise ValueError(f"StdioSpec.{name} must be a finite number >= 0, got {v!r}")
+    for name in ("ignore_case", "numbers_by_value"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"StdioSpec.{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ Typical use::
 """
 
 from agentic_grpo.agent.sandbox.pool import run_program
+from agentic_grpo.agent.sandbox.stdio import outputs_match
 from agentic_grpo.agent.sandbox.pool import SandboxPool
 from agentic_grpo.agent.sandbox.stdio import StdioProgram
 from agentic_grpo.agent.sandbox.stdio import StdioResult
@@ -34,4 +35,4 @@ from agentic_grpo.agent.sandbox.types import Verdict
 
 __all__ = ["IOTest", "ISOLATION_LEVELS", "Isolation", "Limits", "Program", "RunResult",
            "SandboxPool", "StdioProgram", "StdioResult", "StdioTest", "StdioVerdict", "Verdict",
-           "run_program"]
+           "outputs_match", "run_program"]

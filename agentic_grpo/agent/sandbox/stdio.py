@@ -7,7 +7,8 @@ and memory limits, and sends back only what it printed. Expected outputs
 never enter the sandbox: `SandboxPool` compares the output with the expected
 one here, in the trusted parent, token by token (whitespace-separated tokens,
 so spaces, tabs, line breaks and trailing blanks do not matter), optionally
-with an absolute and relative tolerance for tokens that are both numbers.
+ignoring ASCII case, and optionally comparing tokens that are both numbers by
+value (with an absolute and relative tolerance, or exactly: `outputs_match`).
 
 Typical use::
 
@@ -89,7 +90,10 @@ class StdioProgram:
     output_bytes: stdout plus stderr per test.
     abs_tol, rel_tol: tolerance for output tokens that are both decimal
       numbers, not both integers (`outputs_match`); 0 and 0 compare every
-      token exactly.
+      token exactly (unless `numbers_by_value`).
+    ignore_case: compare tokens ignoring ASCII case (`YES` is `yes`).
+    numbers_by_value: compare tokens that are both numbers by value even with
+      no tolerance (`1.50` is `1.5`; integers still exactly).
     stop_on_error: after a test that timed out, crashed or hit a limit, skip
       the rest (they get SKIPPED); wrong answers never stop the run (the
       sandbox never sees expected outputs). For an all-or-nothing score: it
@@ -108,6 +112,8 @@ class StdioProgram:
   output_bytes: int = 2**20
   abs_tol: float = 0.0
   rel_tol: float = 0.0
+  ignore_case: bool = False
+  numbers_by_value: bool = False
   stop_on_error: bool = False
   budget_seconds: float | None = None
 
@@ -127,6 +133,9 @@ class StdioProgram:
           name == "time_seconds" and value == 0):
         raise ValueError(f"StdioProgram.{name} must be a finite number >= 0 (> 0 for "
                          f"time_seconds), got {value!r}")
+    for name in ("ignore_case", "numbers_by_value"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"StdioProgram.{name} must be a bool, got {getattr(self, name)!r}")
     if not isinstance(self.memory_bytes, int) or self.memory_bytes < 64 * 2**20:
       raise ValueError(f"StdioProgram.memory_bytes must be an int >= 64 MiB, got "
                        f"{self.memory_bytes!r}")
@@ -219,7 +228,8 @@ def _tokens_close(a: bytes, e: bytes, abs_tol: float, rel_tol: float) -> bool:
 
 
 def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
-                  rel_tol: float = 0.0) -> bool:
+                  rel_tol: float = 0.0, *, ignore_case: bool = False,
+                  numbers_by_value: bool = False) -> bool:
   """Whether `actual` has the tokens of `expected` (whitespace-separated).
 
   Args:
@@ -231,6 +241,10 @@ def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
       e, rel_tol=rel_tol, abs_tol=abs_tol)`, except that two integers must be
       equal (a tolerance is for real-valued answers: `10**18 + 1` is not
       `10**18`); any other pair of tokens must be byte-equal.
+    ignore_case: tokens equal but for ASCII case match (`YES`, `yes`).
+    numbers_by_value: two number tokens match when their values are equal
+      even with no tolerance (`1.50` and `1.5`, `3.0` and `3`), as with a
+      tolerance of 0.
 
   Returns:
     True when the token sequences have the same length and match pairwise.
@@ -238,9 +252,9 @@ def outputs_match(actual: bytes, expected: str, abs_tol: float = 0.0,
   got, want = actual.split(), expected.encode("utf-8").split()
   if len(got) != len(want):
     return False
-  tolerant = abs_tol > 0 or rel_tol > 0
+  tolerant = abs_tol > 0 or rel_tol > 0 or numbers_by_value
   for a, e in zip(got, want):
-    if a == e:
+    if a == e or (ignore_case and a.lower() == e.lower()):
       continue
     if not tolerant:
       return False
@@ -332,7 +346,8 @@ def _judge(program: StdioProgram, test: StdioTest, t: dict,
     return StdioVerdict.RUNTIME_ERROR, f"killed by signal {os.WTERMSIG(status)}"
   if not (done or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)):
     return StdioVerdict.RUNTIME_ERROR, f"exit status {os.waitstatus_to_exitcode(status)}"
-  if outputs_match(t["stdout"], test.expected, program.abs_tol, program.rel_tol):
+  if outputs_match(t["stdout"], test.expected, program.abs_tol, program.rel_tol,
+                   ignore_case=program.ignore_case, numbers_by_value=program.numbers_by_value):
     return StdioVerdict.PASSED, None
   return StdioVerdict.WRONG_ANSWER, "wrong answer"
 
