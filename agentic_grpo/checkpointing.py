@@ -61,6 +61,7 @@ import orbax.checkpoint as ocp
 from agentic_grpo import checkpoint_host_rows as host_rows
 from agentic_grpo import checkpoint_integrity as integrity
 from agentic_grpo import checkpoint_layout as layout
+from agentic_grpo import exit_codes
 
 # Orbax refuses zero-size arrays; host arrays are stored with one leading pad element.
 _PAD = 1
@@ -74,6 +75,7 @@ _RESERVED_META = ("host_shapes", "process_count", "host_blob_width")
 class CheckpointIntegrityError(RuntimeError):
   """Checkpoints exist but none that was asked for is intact (the message names each damaged
   step and file)."""
+  exit_code = exit_codes.CHECKPOINT_DAMAGED
 
 
 def _sync(name: str) -> None:
@@ -117,6 +119,7 @@ def _unflatten_host(flat: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
 
 class MissingCheckpointError(FileNotFoundError):
   """No checkpoint at all, or none at the step asked for (the message lists the steps there)."""
+  exit_code = exit_codes.CHECKPOINT_DAMAGED
 
 
 def state_field(name: str) -> Callable[[layout.Path], bool]:
@@ -246,10 +249,10 @@ class Checkpointer:
     Afterwards it restores like any other. Every process must call it.
 
     Raises:
-      FileNotFoundError: there is no checkpoint `step`.
+      MissingCheckpointError (a FileNotFoundError): there is no checkpoint `step`.
     """
     if int(step) not in self.all_steps():
-      raise FileNotFoundError(f"no checkpoint {step} in {self.directory}")
+      raise MissingCheckpointError(f"no checkpoint {step} in {self.directory}")
     if jax.process_index() == 0:
       integrity.write_manifest(self._step_dir(step))
     self._problems.pop(int(step), None)

@@ -18,6 +18,7 @@ import typing
 from typing import Any, Mapping
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import exit_codes
 
 # Fields that change the meaning of the saved state (learner state, replay, in-flight episodes,
 # data position, step layout) or the experiment itself.
@@ -76,6 +77,7 @@ MAY_CHANGE = frozenset({
 
 class ConfigDriftError(ValueError):
   """A resume whose config changes fields of `FIXED` (the message lists each, old -> new)."""
+  exit_code = exit_codes.CONFIG_DRIFT
 
 
 @dataclasses.dataclass(frozen=True)

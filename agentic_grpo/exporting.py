@@ -13,12 +13,14 @@ its tokenizer files and `generation_config.json`; a preset run (byte tokenizer) 
 import dataclasses
 import json
 import os
+from typing import Callable, Optional
 
 from absl import logging
 import jax.numpy as jnp
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.models import hf_export
@@ -39,13 +41,16 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
       parameters, which have no master, the parameters themselves.
 
   Raises:
-    ValueError: no config.json in `workdir`, or an invalid one.
-    FileNotFoundError: no checkpoint.
+    errors.InputError (a ValueError): no `workdir`, no config.json in it, or an invalid one;
+      a model source that no longer opens (`models.sources.open_model`).
+    checkpointing.MissingCheckpointError (a FileNotFoundError): no checkpoint, or none at
+      `step`.
     checkpointing.CheckpointIntegrityError: a damaged checkpoint.
   """
   file = os.path.join(workdir, "config.json")
   if not os.path.isfile(file):
-    raise ValueError(f"no config.json in workdir {workdir!r}")
+    what = "does not exist" if not os.path.isdir(workdir) else "has no config.json"
+    raise errors.InputError(f"workdir {workdir!r} {what}: not a run's workdir (--workdir)")
   with open(file, encoding="utf-8") as f:
     cfg = config_lib.from_config_dict(json.load(f))
   source = sources.open_model(
@@ -69,20 +74,26 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   return cfg, source, int(meta["step"]), getattr(restored["state"], field)
 
 
-def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = False) -> str:
+def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = False,
+               on_start: Optional[Callable[[], None]] = None) -> str:
   """Writes checkpoint `step` of the run in `workdir` to `out_dir`; returns `out_dir`.
 
   With `master`, the float32 master copy is written (`restore_params`) and `config.json` names
-  float32; otherwise the parameters in their dtype.
+  float32; otherwise the parameters in their dtype. `on_start` is called once the checkpoint
+  is restored, before anything is written (`launch.export` then lets the held logs out).
 
   Raises:
-    ValueError: `out_dir` exists and is not empty; as `restore_params` and
-      `hf_export.export_hf`.
-    FileNotFoundError, checkpointing.CheckpointIntegrityError: as `restore_params`.
+    errors.InputError (a ValueError): `out_dir` exists and is not empty; as `restore_params`.
+    ValueError: as `hf_export.export_hf`.
+    checkpointing.MissingCheckpointError, checkpointing.CheckpointIntegrityError: as
+      `restore_params`.
   """
   if os.path.isdir(out_dir) and os.listdir(out_dir):
-    raise ValueError(f"--out {out_dir!r} exists and is not empty")
+    raise errors.InputError(f"--out {out_dir!r} exists and is not empty: name a new or empty "
+                            f"directory")
   _, source, chosen, params = restore_params(workdir, step, master=master)
+  if on_start is not None:
+    on_start()
   model_config = source.model_config
   if master and jnp.dtype(model_config.param_dtype) == jnp.float32:
     logging.info("--master: the parameters are float32 (the learner keeps no master copy of "

@@ -35,11 +35,14 @@ from typing import Any, Optional
 
 from absl import logging
 
+from agentic_grpo import exit_codes
+
 LOCK_FILE = ".run.lock"
 
 
 class WorkdirLockedError(RuntimeError):
   """The workdir is locked by another live run (the message names its host, pid and start)."""
+  exit_code = exit_codes.WORKDIR_LOCKED
 
   def __init__(self, workdir: str, holder: dict[str, Any]):
     self.workdir = workdir

@@ -7,9 +7,15 @@ it. Entry-point-specific flags stay in their module under names no other entry p
 
 Errors of the command line are one line on stderr and an exit code (`fail`): a misspelt
 `--config.<field>` names the nearest field (`check_overrides`, before absl parses anything), a
-bad flag value names the flag (`parse_flags`).
+bad flag value names the flag (`parse_flags`). Every entry point runs its `main` under
+`reported_errors`: an error `agentic_grpo.errors` classifies as reported (an input mistake, a
+refusal) is one line and its exit code, anything else a bug with its traceback; the logs of
+its startup are held back (`HeldLogs`) until its checks pass, so that a refused run prints only
+its error line. `--help` (and
+absl's `--helpshort`, `--helpfull`) print the flags and exit 0.
 """
 
+import contextlib
 import functools
 import logging as std_logging
 import os
@@ -21,6 +27,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from agentic_grpo import config_help
+from agentic_grpo import errors
 from agentic_grpo import exit_codes
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -85,11 +92,80 @@ def check_overrides(argv: list[str]) -> None:
            + (f"; did you mean config.{near}?" if near else "; see --show_config"))
 
 
+class HeldLogs:
+  """Holds back the log records that reach absl's handler (every Python logger's, absl's own
+  included) until `release` emits them in order, or `drop` discards them.
+
+  An entry point holds its startup's logs: a run refused for an input mistake then prints
+  only its error line, and one that starts prints them all, as they would have come.
+  """
+
+  def __init__(self):
+    self._handler = logging.get_absl_handler()
+    self._records: list[std_logging.LogRecord] = []
+    self._held = True
+    self._handler.addFilter(self._hold)
+
+  def _hold(self, record: std_logging.LogRecord) -> bool:
+    if self._held:
+      self._records.append(record)
+      return False
+    return True
+
+  def release(self) -> None:
+    """Emits the held records and stops holding (idempotent)."""
+    if self._held:
+      self._held = False
+      self._handler.removeFilter(self._hold)
+      records, self._records = self._records, []
+      for record in records:
+        self._handler.handle(record)
+
+  def drop(self) -> None:
+    """Discards the held records and stops holding (idempotent)."""
+    self._records = []
+    self.release()
+
+
+@contextlib.contextmanager
+def reported_errors(hold_logs: bool = False):
+  """Runs the block; an error that `errors.code_of` classifies exits with one line and its
+  code (`fail`), any other propagates (its traceback, exit code 1: a bug).
+
+  With `hold_logs`, yields a `HeldLogs` that holds the block's logs until the entry point calls
+  its `release` (once its startup checks have passed); a reported error before that drops them
+  (the one line is all that is printed), a bug or the block's end releases them.
+
+    with common_flags.reported_errors(hold_logs=True) as held:
+      ...  # startup checks
+      held.release()
+  """
+  held = HeldLogs() if hold_logs else None
+  try:
+    yield held
+  except Exception as e:  # pylint: disable=broad-except  (classified, else re-raised)
+    code = errors.code_of(e)
+    if code is None:
+      if held is not None:
+        held.release()
+      raise
+    if held is not None:
+      held.drop()
+    fail(code, errors.one_line(e))
+  finally:
+    if held is not None:
+      held.release()
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag value as one line (exit code CONFIG_ERROR); pass as
-  `app.run(main, flags_parser=parse_flags)`."""
+  """absl's flag parsing, with a bad flag value as one line (exit code CONFIG_ERROR) and help
+  exiting 0; pass as `app.run(main, flags_parser=parse_flags)`."""
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:
+    # Only absl's help flags (--help, --helpshort, --helpfull, --helpxml) exit while parsing,
+    # with status 1 after printing the help that was asked for.
+    sys.exit(0 if e.code == 1 else e.code)
   except flags.Error as e:
     fail(exit_codes.CONFIG_ERROR, f"{e} (see --help, --show_config)")
   except (KeyError, AttributeError) as e:  # a field that --config's file does not set

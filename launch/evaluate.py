@@ -19,8 +19,12 @@ Written to `WORKDIR/eval/step_<N>.json` (step 0 for a model as loaded), appended
 TensorBoard under the same tags (`agentic_grpo/train/eval_only.py`); a summary line is printed.
 
 Exit codes (`agentic_grpo/exit_codes.py`): 0 done, 74 no intact checkpoint or none at
-`--step` (the steps there are listed), 78 a config or flag error, a missing workdir or one
-without config.json, or `--config` with a workdir holding checkpoints, 1 a crash.
+`--step` (the steps there are listed), 78 an input mistake (one line naming the field and the
+fix): a config or flag error, a missing workdir or one without config.json, `--config` with a
+workdir holding checkpoints, a missing or unusable data file, model directory or checkpoint,
+an empty held-out split, a context too short for `rl.buckets`; 73 a workdir held by a live
+run; 1 a crash (a bug, with its traceback: never reported as a config error). The
+classification is `agentic_grpo/errors.py`'s, shared by every entry point.
 """
 
 import os
@@ -29,8 +33,8 @@ import sys
 from absl import app
 from absl import flags
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
 from agentic_grpo import exit_codes
 from agentic_grpo import parallel
 from agentic_grpo.train import eval_only
@@ -57,24 +61,35 @@ _TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature of 
 
 
 def _config(config_given: bool) -> config_lib.TrainConfig:
-  """The config to evaluate with (exits with CONFIG_ERROR and one line if there is none)."""
-  workdir = _WORKDIR.value
+  """The config to evaluate with.
+
+  Raises:
+    errors.InputError: `--step` with `--config`, no config (see `eval_only.saved_config`), or
+      an invalid one or override.
+  """
+  if config_given:
+    if _STEP.value != -1:
+      raise errors.InputError("--step evaluates a run's checkpoint with its saved config: "
+                              "drop --config and --config.* overrides")
+    cfg = config_lib.from_config_dict(_CONFIG.value)
+  else:
+    cfg = eval_only.saved_config(_WORKDIR.value)
   try:
-    if config_given:
-      if _STEP.value != -1:
-        raise ValueError("--step evaluates a run's checkpoint with its saved config: drop "
-                         "--config and --config.* overrides")
-      cfg = config_lib.from_config_dict(_CONFIG.value)
-    else:
-      cfg = eval_only.saved_config(workdir)
     k = None if _K.value is None else [int(x) for x in _K.value]
-    return eval_only.with_overrides(cfg, num_samples=_NUM_SAMPLES.value, k=k,
-                                    eval_size=_EVAL_SIZE.value, temperature=_TEMPERATURE.value)
-  except ValueError as e:
-    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
+  except ValueError:
+    raise errors.InputError(f"--k must be comma-separated ints, got {_K.value}") from None
+  return eval_only.with_overrides(cfg, num_samples=_NUM_SAMPLES.value, k=k,
+                                  eval_size=_EVAL_SIZE.value, temperature=_TEMPERATURE.value)
 
 
 def main(argv):
+  # Input mistakes and refusals: one line and their code; the startup's logs are held until
+  # its checks pass.
+  with common_flags.reported_errors(hold_logs=True) as held:
+    _main(argv, held)
+
+
+def _main(argv, held: common_flags.HeldLogs):
   if len(argv) > 1:
     common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
   if not _WORKDIR.value:
@@ -84,16 +99,11 @@ def main(argv):
   common_flags.quiet_orbax()
   parallel.initialize_distributed(collective_timeout_s=cfg.mesh.collective_timeout_s)
   workdir = _WORKDIR.value
-  try:
-    if config_given:
-      record = eval_only.evaluate_model(cfg, workdir)
-    else:
-      step = None if _STEP.value < 0 else _STEP.value
-      record = eval_only.evaluate_checkpoint(workdir, step, cfg=cfg)
-  except (FileNotFoundError, checkpointing.CheckpointIntegrityError) as e:
-    common_flags.fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
-  except ValueError as e:  # also train.StartupCheckError
-    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
+  if config_given:
+    record = eval_only.evaluate_model(cfg, workdir, on_start=held.release)
+  else:
+    step = None if _STEP.value < 0 else _STEP.value
+    record = eval_only.evaluate_checkpoint(workdir, step, cfg=cfg, on_start=held.release)
   print(eval_only.summary(record), flush=True)
   written = os.path.join(workdir, "eval", f"step_{record['step']}.json")
   print(f"written: {os.path.abspath(written)}", flush=True)

@@ -14,14 +14,16 @@ files. The files are those `save_pretrained` writes; that
 `AutoModelForCausalLM.from_pretrained(DIR)` loads them and computes our logits is
 checked by `tests/fixtures/check_hf_export.py`.
 
-Exit codes: 0 done, 1 a crash, 74 no intact checkpoint (or not step N),
-78 a bad flag or an output directory that exists and is not empty.
+Exit codes (`agentic_grpo/exit_codes.py`): 0 done, 74 no intact checkpoint (or not step N),
+78 an input mistake (one line naming it and the fix): a bad flag, a missing workdir or one
+without config.json, an output directory that exists and is not empty, a run whose model
+source no longer opens; 1 a crash (a bug, with its traceback). The classification is
+`agentic_grpo/errors.py`'s, shared by every entry point.
 """
 
 from absl import app
 from absl import flags
 
-from agentic_grpo import checkpointing
 from agentic_grpo import exit_codes
 from agentic_grpo import exporting
 from launch import common_flags
@@ -37,17 +39,20 @@ _MASTER = flags.DEFINE_bool(
 
 
 def main(argv):
+  # Input mistakes and refusals: one line and their code; the startup's logs are held until
+  # the checkpoint is restored.
+  with common_flags.reported_errors(hold_logs=True) as held:
+    _main(argv, held)
+
+
+def _main(argv, held: common_flags.HeldLogs):
   if len(argv) > 1:
     common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
   if not _WORKDIR.value or not _OUT.value:
     common_flags.fail(exit_codes.CONFIG_ERROR, "--workdir and --out are required")
   common_flags.quiet_orbax()
-  try:
-    out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value, master=_MASTER.value)
-  except ValueError as e:
-    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
-  except (FileNotFoundError, checkpointing.CheckpointIntegrityError) as e:
-    common_flags.fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
+  out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value, master=_MASTER.value,
+                             on_start=held.release)
   print(out)
 
 

@@ -28,9 +28,16 @@ are not split (as `parallel.batch_sharding` does), so choose
 `learner_rows / micro_batches` as a multiple of `data * fsdp`. XLA may fuse
 some of these away or keep temporaries this count misses; treat the figure
 as a planning number, not a bound.
+
+Exit codes (`agentic_grpo/exit_codes.py`): 0 the table (and, with `--hbm_gib`, the layout
+fits), 80 (`DOES_NOT_FIT`) the layout does not fit `--hbm_gib` per device (the table is printed
+first), 78 an input mistake (one line naming the flag and the fix: a bad `--mesh` or size, an
+`--hf_config` that is missing or of an unsupported or inconsistent architecture), 1 a crash (a
+bug, with its traceback).
 """
 
 import dataclasses
+import sys
 from typing import Optional, Sequence
 
 from absl import app
@@ -39,11 +46,14 @@ import jax
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
+from agentic_grpo import exit_codes
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.models import hf_config
 from agentic_grpo.models import placement
 from agentic_grpo.models import transformer
+from launch import common_flags
 
 _MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {transformer.PRESETS}")
 _HF_CONFIG = flags.DEFINE_string(
@@ -51,7 +61,9 @@ _HF_CONFIG = flags.DEFINE_string(
 _PARAM_DTYPE = flags.DEFINE_enum(
     "param_dtype", "", ["", "float32", "bfloat16", "float16"],
     "parameter dtype ('' = the preset's or the checkpoint's)")
-_MESH = flags.DEFINE_string("mesh", "-1,1,1", "data,fsdp,tensor sizes (one may be -1)")
+_MESH = flags.DEFINE_string(
+    "mesh", "1,1,1", "data,fsdp,tensor sizes (one may be -1, with --num_devices); default one "
+    "device")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0,
                                     "devices in the slice (0 = product of --mesh)")
 _LEARNER_ROWS = flags.DEFINE_integer("learner_rows", 64, "rows N per learner update")
@@ -133,15 +145,18 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
     A `Plan`.
 
   Raises:
-    ValueError: non-positive sizes, or `micro_batches` not dividing `learner_rows`.
+    errors.InputError (a ValueError): non-positive sizes, or `micro_batches` not dividing
+      `learner_rows` (named as the flags of `launch.plan`).
+    ValueError: a mesh shape of a non-positive size (`parallel.resolve_mesh_shape`).
   """
   for name, v in (("learner_rows", learner_rows), ("seq_len", seq_len),
                   ("micro_batches", micro_batches), ("sample_rows", sample_rows),
                   ("cache_len", cache_len)):
     if v <= 0:
-      raise ValueError(f"{name} must be positive, got {v}")
+      raise errors.InputError(f"--{name} must be positive, got {v}")
   if learner_rows % micro_batches:
-    raise ValueError(f"micro_batches ({micro_batches}) must divide learner_rows ({learner_rows})")
+    raise errors.InputError(f"--micro_batches ({micro_batches}) must divide --learner_rows "
+                            f"({learner_rows})")
   mesh_shape = tuple(int(s) for s in mesh_shape)
   parallel.resolve_mesh_shape(mesh_shape, int(np.prod(mesh_shape)))  # validates
   mesh = jax.sharding.AbstractMesh(mesh_shape, parallel.MESH_AXES)
@@ -192,10 +207,37 @@ def make_plan(model_config: transformer.ModelConfig, mesh_shape: Sequence[int], 
               rows_per_device=n, sample_rows_per_device=n_sample)
 
 
+def format_count(n: int) -> str:
+  """A count legible at any size: `950`, `12.3K`, `1.00M`, `494M`, `8.19B` (three significant
+  digits above 1,000).
+
+  Raises:
+    ValueError: a negative count.
+  """
+  if n < 0:
+    raise ValueError(f"n must be >= 0, got {n}")
+  if n < 1000:
+    return str(int(n))
+  for scale, suffix in ((1e3, "K"), (1e6, "M"), (1e9, "B"), (1e12, "T")):
+    value = n / scale
+    digits = 2 if value < 9.995 else 1 if value < 99.95 else 0
+    text = f"{value:.{digits}f}"
+    if float(text) < 1000 or suffix == "T":  # 999,999 is 1.00M, not 1000K
+      return text + suffix
+  raise AssertionError("unreachable")
+
+
+def fits(plan: Plan, hbm_gib: float) -> bool:
+  """Whether the learner step and the sampler each fit in `hbm_gib` GiB per device."""
+  return max(plan.total, plan.sampling_total) / GIB <= hbm_gib
+
+
 def format_plan(plan: Plan, model_name: str, hbm_gib: float = 0.0) -> str:
-  """A human-readable table of a `Plan` (GiB per device)."""
+  """A human-readable table of a `Plan` (GiB per device); with `hbm_gib` > 0, a last line
+  saying whether it fits (`fits`)."""
   lines = [
-      f"model {model_name}: {plan.num_params / 1e9:.3f} B parameters",
+      f"model {model_name}: {format_count(plan.num_params)} parameters "
+      f"({plan.num_params:,})",
       f"mesh (data, fsdp, tensor) = {plan.mesh_shape}, {int(np.prod(plan.mesh_shape))} devices; "
       f"learner rows/device/micro-batch {plan.rows_per_device}, "
       f"sampler rows/device {plan.sample_rows_per_device}",
@@ -209,7 +251,7 @@ def format_plan(plan: Plan, model_name: str, hbm_gib: float = 0.0) -> str:
   ]
   if hbm_gib > 0:
     worst = max(plan.total, plan.sampling_total) / GIB
-    verdict = "fits" if worst <= hbm_gib else "does NOT fit"
+    verdict = "fits" if fits(plan, hbm_gib) else "does NOT fit"
     lines.append(f"  {worst:.2f} GiB of {hbm_gib:.0f} GiB per device: {verdict}")
   return "\n".join(lines)
 
@@ -219,34 +261,50 @@ def model_from_flags(preset: str, hf_config_path: str = "", param_dtype: str = "
   """`(model_config, name)` of a preset, or of a Hugging Face `config.json` when given.
 
   Raises:
-    ValueError: an unknown preset, or a config.json the run could not load (see
-      `hf_config.model_config_from_hf`).
+    errors.InputError (a ValueError): an unknown preset (naming `--model`), or a
+      config.json the run could not load (see `hf_config.model_config_from_hf`).
   """
   if hf_config_path:
-    hf = hf_config.read_config(hf_config_path)
-    config = hf_config.model_config_from_hf(hf, param_dtype=param_dtype or None)
+    try:
+      hf = hf_config.read_config(hf_config_path)
+      config = hf_config.model_config_from_hf(hf, param_dtype=param_dtype or None)
+    except errors.InputError as e:
+      raise errors.InputError(f"--hf_config {hf_config_path!r}: {e}") from None
     return config, f"{hf_config.family(hf)} from {hf_config_path}"
+  if preset not in transformer.PRESETS:
+    raise errors.InputError(f"--model must be one of {sorted(transformer.PRESETS)}, got "
+                            f"{preset!r} (or give --hf_config)")
   overrides = {"param_dtype": param_dtype, "dtype": param_dtype} if param_dtype else {}
   return transformer.get_model_config(preset, **overrides), preset
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+def _mesh_shape(mesh: str, num_devices: int) -> tuple[int, int, int]:
+  """`--mesh` (and `--num_devices`) resolved; an `errors.InputError` naming them."""
   try:
-    sizes = tuple(int(s) for s in _MESH.value.split(","))
+    sizes = tuple(int(s) for s in mesh.split(","))
+  except ValueError:
+    raise errors.InputError(f"--mesh must be three comma-separated ints, got {mesh!r}") from None
+  if -1 in sizes and not num_devices:
+    raise errors.InputError("--mesh has a -1: give --num_devices")
+  try:
+    return parallel.resolve_mesh_shape(sizes, num_devices or int(abs(np.prod(sizes))))
   except ValueError as e:
-    raise app.UsageError(f"--mesh must be three comma-separated ints, got {_MESH.value!r}") from e
-  num_devices = _NUM_DEVICES.value or int(abs(np.prod(sizes)))
-  if -1 in sizes and not _NUM_DEVICES.value:
-    raise app.UsageError("--mesh has a -1: give --num_devices")
-  shape = parallel.resolve_mesh_shape(sizes, num_devices)
-  model_config, name = model_from_flags(_MODEL.value, _HF_CONFIG.value, _PARAM_DTYPE.value)
-  plan = make_plan(model_config, shape, learner_rows=_LEARNER_ROWS.value, seq_len=_SEQ_LEN.value,
-                   micro_batches=_MICRO.value, sample_rows=_SAMPLE_ROWS.value,
-                   cache_len=_CACHE_LEN.value)
-  print(format_plan(plan, name, _HBM.value))
+    raise errors.InputError(f"--mesh={mesh} --num_devices={num_devices}: {e}") from None
+
+
+def main(argv):
+  with common_flags.reported_errors():  # input mistakes: one line, exit code 78
+    if len(argv) > 1:
+      raise errors.InputError(f"unexpected arguments {argv[1:]}")
+    shape = _mesh_shape(_MESH.value, _NUM_DEVICES.value)
+    model_config, name = model_from_flags(_MODEL.value, _HF_CONFIG.value, _PARAM_DTYPE.value)
+    plan = make_plan(model_config, shape, learner_rows=_LEARNER_ROWS.value,
+                     seq_len=_SEQ_LEN.value, micro_batches=_MICRO.value,
+                     sample_rows=_SAMPLE_ROWS.value, cache_len=_CACHE_LEN.value)
+  print(format_plan(plan, name, _HBM.value), flush=True)
+  if _HBM.value > 0 and not fits(plan, _HBM.value):
+    sys.exit(exit_codes.DOES_NOT_FIT)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=common_flags.parse_flags)

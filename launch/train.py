@@ -15,9 +15,12 @@ time holds a workdir (`agentic_grpo/run_lock.py`).
 
 Exit codes (`agentic_grpo/exit_codes.py`): 0 done, 65 resume refused for config drift, 73
 workdir held by another run, 74 no intact checkpoint, 75 preempted (SIGTERM or SIGINT: the
-current step finished and a checkpoint written; rerun to resume), 78 config or flag error (one
-line on stderr naming the field, value and allowed range, or the nearest valid name), 79 the
-run ended without doing its job (the last line says why), 1 a crash.
+current step finished and a checkpoint written; rerun to resume), 78 an input mistake: a config
+or flag error, a missing or unusable data file, model directory or checkpoint, an empty split,
+a context too short for `rl.buckets` (one line on stderr naming the field and the fix, or the
+nearest valid name; nothing else is printed and nothing written), 79 the run ended without
+doing its job (the last line says why), 1 a crash (a bug: its traceback). The classification
+is `agentic_grpo/errors.py`'s, shared by every entry point.
 """
 
 import datetime
@@ -29,13 +32,10 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
-from agentic_grpo import config_drift
 from agentic_grpo import config_help
 from agentic_grpo import exit_codes
 from agentic_grpo import parallel
-from agentic_grpo import run_lock
 from agentic_grpo import train
 from launch import common_flags
 
@@ -69,45 +69,34 @@ def _flat(cfg: config_lib.TrainConfig) -> dict:
           for f in config_help.fields()}
 
 
-def _train(cfg: config_lib.TrainConfig, workdir: str) -> dict:
-  """`train.run` (which holds the workdir lock: `run_lock`), with the refusals as one-line
-  errors and their exit codes."""
-  try:
-    return train.run(cfg, workdir, stop_after=_STOP_AFTER.value)
-  except config_drift.ConfigDriftError as e:
-    common_flags.fail(exit_codes.CONFIG_DRIFT, str(e))
-  except checkpointing.CheckpointIntegrityError as e:
-    common_flags.fail(exit_codes.CHECKPOINT_DAMAGED, str(e))
-  except train.StartupCheckError as e:
-    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
-  except train.Preempted as e:
-    common_flags.fail(exit_codes.PREEMPTED, str(e))
-  except train.NonFiniteUpdatesError as e:
-    common_flags.fail(exit_codes.NO_PROGRESS, str(e))
-  except run_lock.WorkdirLockedError as e:
-    common_flags.fail(exit_codes.WORKDIR_LOCKED, str(e))
-
-
 def main(argv):
+  # Input mistakes and refusals: one line and their code; the startup's logs are held until
+  # its checks pass.
+  with common_flags.reported_errors(hold_logs=True) as held:
+    _main(argv, held)
+
+
+def _main(argv, held: common_flags.HeldLogs):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:  # checked before anything is printed: an error is one line
-    cfg = config_lib.from_config_dict(_CONFIG.value)
-  except ValueError as e:
-    common_flags.fail(exit_codes.CONFIG_ERROR, str(e))
+    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+  # Checked before anything is printed: an error is one line.
+  cfg = config_lib.from_config_dict(_CONFIG.value)
   if _SHOW_CONFIG.value:
     print(config_help.show(_flat(cfg)))
     return
   common_flags.quiet_orbax()
   # Multi-process (multi-host) when the environment says so (see launch/multihost_local.sh).
   # Validating the config first also reports a bad one before any process waits for another.
-  timeout_s = config_lib.from_config_dict(_CONFIG.value).mesh.collective_timeout_s
-  parallel.initialize_distributed(collective_timeout_s=timeout_s)
+  parallel.initialize_distributed(collective_timeout_s=cfg.mesh.collective_timeout_s)
   workdir = _WORKDIR.value or _fresh_workdir(config_flags.get_config_filename(
       flags.FLAGS["config"]))
-  print(f"workdir: {os.path.abspath(workdir)}", flush=True)
-  logging.info("config:\n%s", _CONFIG.value)
-  result = _train(cfg, workdir)
+
+  def started():  # the startup checks passed: a refused run prints only its error line
+    held.release()
+    print(f"workdir: {os.path.abspath(workdir)}", flush=True)
+    logging.info("config:\n%s", _CONFIG.value)
+
+  result = train.run(cfg, workdir, stop_after=_STOP_AFTER.value, on_start=started)
   line = (f"done: global step {result['step']} in {result['seconds']:.0f} s; "
           f"held-out greedy pass@1: warm-start {_fmt(result['warmstart_pass_at_1'])}, "
           f"final {_fmt(result['final_pass_at_1'])}")

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
+from agentic_grpo import exit_codes
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.models import placement
@@ -104,21 +106,63 @@ class PlanTest(absltest.TestCase):
     with flagsaver.flagsaver(hf_config=path, mesh="1,8,1", num_devices=0):
       with contextlib.redirect_stdout(out):
         plan.main(["plan"])
-    self.assertIn("8.191 B parameters", out.getvalue())
-    with self.assertRaisesRegex(ValueError, "no config.json"):
+    self.assertRegex(out.getvalue(), r"model qwen3 from .*: 8\.19B parameters \(8,19\d,\d{3},\d{3}\)")
+    with self.assertRaisesRegex(errors.InputError, "--hf_config '/nonexistent': no config.json"):
       plan.model_from_flags("tiny", "/nonexistent")
+    with open(path, "w") as f:  # architectures and model_type of different families
+      json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "llama"}, f)
+    with self.assertRaisesRegex(errors.InputError, "disagree"):
+      plan.model_from_flags("tiny", path)
+    with self.assertRaisesRegex(errors.InputError, "--model must be one of"):
+      plan.model_from_flags("qwen9_1t")
 
-  def test_main_prints_the_table(self):
+  def test_main_prints_the_table_and_exits_non_zero_when_it_does_not_fit(self):
     out = io.StringIO()
     with flagsaver.flagsaver(model="qwen2_0_5b", mesh="2,-1,1", num_devices=8, hbm_gib=0.001,
                              seq_len=64, cache_len=64, learner_rows=8, sample_rows=8):
-      with contextlib.redirect_stdout(out):
+      with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as exited:
         plan.main(["plan"])
+    self.assertEqual(exited.exception.code, exit_codes.DOES_NOT_FIT)
     text = out.getvalue()
     self.assertIn("(2, 4, 1), 8 devices", text)
     self.assertIn("does NOT fit", text)
     for row in ("parameters", "optimizer state", "KV cache", "activations"):
       self.assertIn(row, text)
+    out = io.StringIO()
+    with flagsaver.flagsaver(model="qwen2_0_5b", mesh="2,-1,1", num_devices=8, hbm_gib=1000,
+                             seq_len=64, cache_len=64, learner_rows=8, sample_rows=8):
+      with contextlib.redirect_stdout(out):
+        plan.main(["plan"])  # fits: returns (exit 0)
+    self.assertIn("of 1000 GiB per device: fits", out.getvalue())
+
+  def test_small_parameter_counts_are_legible(self):
+    for n, text in ((0, "0"), (950, "950"), (12_345, "12.3K"), (999_999, "1.00M"), (9_996, "10.0K"),
+                    (1_020_000, "1.02M"), (494_032_768, "494M"), (8_190_735_360, "8.19B"),
+                    (1.5e12, "1.50T")):
+      self.assertEqual(plan.format_count(int(n)), text, n)
+    with self.assertRaises(ValueError):
+      plan.format_count(-1)
+    p = plan.make_plan(_TINY, (1, 1, 1), learner_rows=4, seq_len=16, sample_rows=4, cache_len=32)
+    line = plan.format_plan(p, "tiny").splitlines()[0]
+    self.assertEqual(line, f"model tiny: {plan.format_count(p.num_params)} parameters "
+                           f"({p.num_params:,})")
+    self.assertNotIn("0.000", line)  # was "0.000 B parameters" for a test-sized model
+
+  def test_input_mistakes_are_one_line_and_exit_78(self):
+    for flags_, pattern in (
+        (dict(mesh="2,x,1"), r"--mesh must be three comma-separated ints"),
+        (dict(mesh="2,-1,1", num_devices=0), r"--mesh has a -1: give --num_devices"),
+        (dict(mesh="1,1,1", model="nope"), r"--model must be one of"),
+        (dict(mesh="1,1,1", model="qwen2_0_5b", micro_batches=3, learner_rows=8),
+         r"--micro_batches \(3\) must divide --learner_rows \(8\)"),
+        (dict(mesh="1,1,1", hf_config="/nonexistent"), r"--hf_config '/nonexistent'")):
+      err = io.StringIO()
+      with flagsaver.flagsaver(**flags_), contextlib.redirect_stderr(err):
+        with self.assertRaises(SystemExit) as exited:
+          plan.main(["plan"])
+      self.assertEqual(exited.exception.code, exit_codes.CONFIG_ERROR, flags_)
+      self.assertLen(err.getvalue().splitlines(), 1, err.getvalue())
+      self.assertRegex(err.getvalue(), "^error: " + pattern)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
-"""Field checks shared by the config sections: each error names the field by its dotted path."""
+"""Field checks shared by the config sections: each error names the field by its dotted path.
+
+Every error is an `errors.InputError` (a `ValueError`): an entry point reports it as one line
+with exit code `exit_codes.CONFIG_ERROR`.
+"""
 
 from typing import Any
 
+from agentic_grpo import errors
 from agentic_grpo.core import types as core_types
 
 
 def fail(path: str, msg: str, value: Any) -> None:
-  """Raises `ValueError("config.<path> <msg>, got <value>")`."""
-  raise ValueError(f"config.{path} {msg}, got {value!r}")
+  """Raises `errors.InputError("config.<path> <msg>, got <value>")`."""
+  raise errors.InputError(f"config.{path} {msg}, got {value!r}")
 
 
 def check(cond: bool, path: str, msg: str, value: Any) -> None:
@@ -17,5 +22,8 @@ def check(cond: bool, path: str, msg: str, value: Any) -> None:
 
 
 def choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
-  """Raises `ValueError` naming `config.<path>` unless `value` is one of `allowed`."""
-  core_types.check_choice(f"config.{path}", value, allowed)
+  """Raises `errors.InputError` naming `config.<path>` unless `value` is one of `allowed`."""
+  try:
+    core_types.check_choice(f"config.{path}", value, allowed)
+  except ValueError as e:
+    raise errors.InputError(str(e)) from None

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Union
 
 from absl import logging
 
+from agentic_grpo import errors
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.config import algorithm
 from agentic_grpo.config import checks
@@ -115,7 +116,7 @@ def _build(cls, data: Mapping[str, Any], path: str):
     prefix = f"config.{path}." if path else "config."
     hints = [f"{prefix}{u} -> {prefix}{m[0]}?" for u in unknown
              if (m := difflib.get_close_matches(u, list(fields), n=1, cutoff=0.6))]
-    raise ValueError(f"unknown config field(s) {[prefix + u for u in unknown]}"
+    raise errors.InputError(f"unknown config field(s) {[prefix + u for u in unknown]}"
                      f"{' (did you mean ' + ', '.join(hints) + ')' if hints else ''}; known: "
                      f"{sorted(fields)}")
   hints = typing.get_type_hints(cls)
@@ -137,12 +138,17 @@ def from_config_dict(config: Any) -> TrainConfig:
   Missing fields take the dataclass defaults.
 
   Raises:
-    ValueError: naming the dotted field path of an unknown field, an ill-typed value, or a value
-      out of range.
+    errors.InputError (a ValueError): naming the dotted field path of an unknown field, an
+      ill-typed value, or a value out of range.
   """
   data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  cfg = _build(TrainConfig, data, "")
-  cfg.validate()
+  try:
+    cfg = _build(TrainConfig, data, "")
+    cfg.validate()
+  except errors.InputError:
+    raise
+  except ValueError as e:  # a section's own check of its values: the config is the input
+    raise errors.InputError(str(e)) from e
   return cfg
 
 

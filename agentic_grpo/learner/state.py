@@ -19,6 +19,7 @@ import optax
 
 from agentic_grpo import checkpoint_layout
 from agentic_grpo import config as config_lib
+from agentic_grpo import exit_codes
 
 @flax.struct.dataclass
 class TrainState:
@@ -152,6 +153,7 @@ def nonfinite_count(state: TrainState) -> int:
 
 class NonFiniteUpdatesError(RuntimeError):
   """Too many consecutive updates were skipped because their gradients were not finite."""
+  exit_code = exit_codes.NO_PROGRESS
 
 
 def check_skipped_updates(metrics: Sequence[Mapping[str, Any]], limit: int, step: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from agentic_grpo import errors
 from agentic_grpo.models import transformer
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
@@ -54,38 +55,50 @@ def read_config(path: str) -> dict[str, Any]:
   """The parsed `config.json` of a checkpoint directory, or of a `config.json` file path.
 
   Raises:
-    ValueError: the file is missing, not valid JSON, or not a JSON object.
+    errors.InputError (a ValueError): the file is missing, not valid JSON, or not a JSON
+      object.
   """
   file = path if os.path.isfile(path) else os.path.join(path, "config.json")
   if not os.path.isfile(file):
-    raise ValueError(f"no config.json in checkpoint path {path!r}")
+    raise errors.InputError(f"no config.json in checkpoint path {path!r}")
   try:
     with open(file, encoding="utf-8") as f:
       hf = json.load(f)
   except (ValueError, RecursionError) as e:  # JSON or UTF-8 errors, absurd nesting
-    raise ValueError(f"config.json in {path!r} is not valid JSON: {e}") from e
+    raise errors.InputError(f"config.json in {path!r} is not valid JSON: {e}") from e
   if not isinstance(hf, dict):
-    raise ValueError(f"config.json in {path!r} must be a JSON object, got {type(hf).__name__}")
+    raise errors.InputError(f"config.json in {path!r} must be a JSON object, got {type(hf).__name__}")
   return hf
 
 
 def family(hf: dict[str, Any]) -> str:
   """`llama`, `qwen2` or `qwen3`, from `architectures` (else `model_type`).
 
+  `transformers` builds a checkpoint's model from its `model_type`; a config whose
+  `architectures` names another family would load here as one model and there as another, so
+  the two must agree when both are given.
+
   Raises:
-    ValueError: neither names a supported architecture; the message names the
-      value found and the supported ones.
+    errors.InputError (a ValueError): neither names a supported architecture (the message
+      names the value found and the supported ones), or `architectures` and `model_type` name
+      different families.
   """
   archs = hf.get("architectures") or []
   archs = archs if isinstance(archs, list) else [archs]
   known = [a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES]
-  if known:
-    return SUPPORTED_ARCHITECTURES[known[0]]
   model_type = hf.get("model_type")
+  if known:
+    fam = SUPPORTED_ARCHITECTURES[known[0]]
+    if isinstance(model_type, str) and model_type and model_type != fam:
+      raise errors.InputError(
+          f"config.json architectures {archs} (family {fam!r}) and model_type {model_type!r} "
+          f"disagree (transformers builds the model_type's): correct one of them so that both "
+          f"name one family of {sorted(HF_DEFAULTS)}")
+    return fam
   if isinstance(model_type, str) and model_type in HF_DEFAULTS:
     return model_type
   found = archs[0] if len(archs) == 1 else (archs or model_type)
-  raise ValueError(f"unsupported architecture {found!r}; supported: "
+  raise errors.InputError(f"unsupported architecture {found!r}; supported: "
                    f"{sorted(SUPPORTED_ARCHITECTURES)}")
 
 
@@ -100,7 +113,7 @@ def _getter(hf: dict[str, Any], fam: str):
           isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
           and (kind is float or float(value).is_integer()))
     if not ok:
-      raise ValueError(f"config.json {key}={value!r}: expected a "
+      raise errors.InputError(f"config.json {key}={value!r}: expected a "
                        f"{'bool' if kind is bool else 'positive ' + kind.__name__}")
     return kind(value)
 
@@ -111,16 +124,16 @@ def _rope(hf: dict[str, Any], fam: str):
   """`(rope_theta, Llama3RopeScaling or None)`; both config layouts."""
   rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
   if not isinstance(rope, dict):
-    raise ValueError(f"config.json rope_parameters must be an object, got {rope!r:.80}")
+    raise errors.InputError(f"config.json rope_parameters must be an object, got {rope!r:.80}")
   theta = rope.get("rope_theta", hf.get("rope_theta"))
   theta = HF_DEFAULTS[fam]["rope_theta"] if theta is None else theta
   if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-    raise ValueError(f"config.json rope_theta={theta!r}: expected a positive number")
+    raise errors.InputError(f"config.json rope_theta={theta!r}: expected a positive number")
   rope_type = rope.get("rope_type", rope.get("type", "default"))
   if rope_type == "default":
     return float(theta), None
   if rope_type != "llama3":
-    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
+    raise errors.InputError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
   try:
     return float(theta), transformer.Llama3RopeScaling(
         factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
@@ -129,7 +142,7 @@ def _rope(hf: dict[str, Any], fam: str):
                                   or hf.get("max_position_embeddings")
                                   or HF_DEFAULTS[fam]["max_position_embeddings"]))
   except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"config.json llama3 rope_parameters incomplete or malformed: {e!r}") from e
+    raise errors.InputError(f"config.json llama3 rope_parameters incomplete or malformed: {e!r}") from e
 
 
 def stored_dtype(hf: dict[str, Any]) -> str:
@@ -140,22 +153,22 @@ def stored_dtype(hf: dict[str, Any]) -> str:
   """
   stored = hf.get("dtype") or hf.get("torch_dtype") or "float32"
   if stored not in DTYPES:
-    raise ValueError(f"unsupported checkpoint dtype {stored!r}; supported: {sorted(DTYPES)}")
+    raise errors.InputError(f"unsupported checkpoint dtype {stored!r}; supported: {sorted(DTYPES)}")
   return stored
 
 
 def _check_options(hf: dict[str, Any], fam: str, get) -> None:
   if hf.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU)")
+    raise errors.InputError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU)")
   # Qwen2 has no MLP or o_proj bias whatever the config says; Llama's flags add them.
   if fam == "llama" and get("mlp_bias", bool):
-    raise ValueError("unsupported mlp_bias=true")
+    raise errors.InputError("unsupported mlp_bias=true")
   if fam in ("llama", "qwen3") and get("attention_bias", bool):
-    raise ValueError(f"unsupported attention_bias=true for {fam}")
+    raise errors.InputError(f"unsupported attention_bias=true for {fam}")
   if fam in ("qwen2", "qwen3") and get("use_sliding_window", bool):
-    raise ValueError("unsupported use_sliding_window=true")
+    raise errors.InputError("unsupported use_sliding_window=true")
   if hf.get("quantization_config") is not None:
-    raise ValueError("unsupported quantization_config: quantised checkpoints are not loaded")
+    raise errors.InputError("unsupported quantization_config: quantised checkpoints are not loaded")
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype=None,
@@ -172,9 +185,10 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype=None,
       checkpoint's `dtype` / `torch_dtype`, else float32). Any float dtype.
 
   Raises:
-    ValueError: an unsupported architecture, activation, rope type, MLP or
-      output-projection bias, sliding-window attention, quantisation or
-      checkpoint dtype; a value of the wrong type or range (naming the key).
+    errors.InputError (a ValueError): an unsupported architecture (or `architectures` and
+      `model_type` of different families), activation, rope type, MLP or output-projection
+      bias, sliding-window attention, quantisation or checkpoint dtype; a value of the wrong
+      type or range (naming the key).
   """
   fam = family(hf)
   get = _getter(hf, fam)

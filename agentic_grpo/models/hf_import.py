@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
+from agentic_grpo import errors
 from agentic_grpo.models import hf_config
 from agentic_grpo.models import hf_layout
 from agentic_grpo.models import transformer
@@ -66,17 +67,17 @@ def _tensor_files(path: str) -> dict[str, str]:
       with open(index, encoding="utf-8") as f:
         weight_map = json.load(f)["weight_map"]
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{index} is not a valid safetensors index: {e!r}") from e
+      raise errors.InputError(f"{index} is not a valid safetensors index: {e!r}") from e
     files = {}
     for name, shard in weight_map.items():
       file = os.path.join(path, shard)
       if not os.path.isfile(file):
-        raise ValueError(f"shard {shard!r} of tensor {name!r} listed in {index} is missing")
+        raise errors.InputError(f"shard {shard!r} of tensor {name!r} listed in {index} is missing")
       files[name] = file
     return files
   if os.path.isfile(single):
     return {name: single for name in _header(single)}
-  raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+  raise errors.InputError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
 
 
 def _header(file: str) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -89,7 +90,7 @@ def _header(file: str) -> dict[str, tuple[tuple[int, ...], str]]:
         out[name] = (tuple(s.get_shape()), s.get_dtype())
       return out
   except Exception as e:  # safetensors raises its own error type for damaged files
-    raise ValueError(f"safetensors file {file!r} is unreadable or truncated: {e}") from e
+    raise errors.InputError(f"safetensors file {file!r} is unreadable or truncated: {e}") from e
 
 
 def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoint:
@@ -102,29 +103,32 @@ def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoi
     param_dtype: storage dtype override (default: the checkpoint's dtype).
 
   Raises:
-    ValueError: missing, unreadable or truncated files; an unsupported
-      architecture or option (see `hf_config.model_config_from_hf`); a missing
-      or unexpected tensor; a tensor whose shape disagrees with `config.json`
-      (naming the tensor and both shapes) or stored in a dtype outside
+    errors.InputError (a ValueError): missing, unreadable or truncated files; an unsupported
+      architecture or option (see `hf_config.model_config_from_hf`; the message names the
+      checkpoint); a missing or unexpected tensor; a tensor whose shape disagrees with
+      `config.json` (naming the tensor and both shapes) or stored in a dtype outside
       `ALLOWED_TENSOR_DTYPES`.
   """
   if not os.path.isdir(path):
-    raise ValueError(f"checkpoint path {path!r} is not a directory")
+    raise errors.InputError(f"checkpoint path {path!r} is not a directory")
   hf = hf_config.read_config(path)
-  config = hf_config.model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
+  try:
+    config = hf_config.model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
+  except errors.InputError as e:
+    raise errors.InputError(f"checkpoint {path!r}: {e}") from None
   files = _tensor_files(path)
   prefix = "model." if any(n.startswith("model.") for n in files) else ""
   specs = hf_layout.tensor_specs(config, prefix)
   expected = {s.name: s.hf_shape for s in specs.values()}
   missing = sorted(set(expected) - set(files))
   if missing:
-    raise ValueError(f"checkpoint {path!r} is missing tensor(s) {missing[:5]}"
+    raise errors.InputError(f"checkpoint {path!r} is missing tensor(s) {missing[:5]}"
                      f"{' ...' if len(missing) > 5 else ''}")
   unexpected = sorted(n for n in set(files) - set(expected)
                       if not n.endswith(_IGNORED_SUFFIXES)
                       and not (config.tie_embeddings and n == "lm_head.weight"))
   if unexpected:
-    raise ValueError(f"checkpoint {path!r} has unexpected tensor(s) {unexpected[:5]} for "
+    raise errors.InputError(f"checkpoint {path!r} has unexpected tensor(s) {unexpected[:5]} for "
                      f"this config")
   headers: dict[str, dict] = {}
   for name in sorted(expected):
@@ -132,13 +136,13 @@ def open_hf_checkpoint(path: str, *, dtype=None, param_dtype=None) -> HFCheckpoi
     if file not in headers:
       headers[file] = _header(file)
     if name not in headers[file]:
-      raise ValueError(f"tensor {name!r} is listed for {file!r} but not stored there")
+      raise errors.InputError(f"tensor {name!r} is listed for {file!r} but not stored there")
     shape, stored = headers[file][name]
     if shape != expected[name]:
-      raise ValueError(f"tensor {name!r} has shape {shape}, expected {expected[name]} "
+      raise errors.InputError(f"tensor {name!r} has shape {shape}, expected {expected[name]} "
                        f"from config.json")
     if stored not in ALLOWED_TENSOR_DTYPES:
-      raise ValueError(f"tensor {name!r} is stored as {stored}; allowed: "
+      raise errors.InputError(f"tensor {name!r} is stored as {stored}; allowed: "
                        f"{list(ALLOWED_TENSOR_DTYPES)}")
   return HFCheckpoint(path, hf, config, files, specs)
 
@@ -262,21 +266,40 @@ def load_hf_checkpoint(
 ) -> tuple[transformer.ModelConfig, nnx.State]:
   """Checks and loads a Llama, Qwen2 or Qwen3 safetensors checkpoint directory.
 
+  Example (one device; `models.sources.open_model` does the same for a run's config and also
+  brings the tokenizer):
+
+    config, params = load_hf_checkpoint("/models/qwen2.5-0.5b", param_dtype=jnp.bfloat16)
+    graphdef, _ = transformer.abstract_model(config)
+    logits, _ = transformer.apply(graphdef, params, tokens, positions)  # [N, T, V] float32
+
   Args:
-    path: see `open_hf_checkpoint`.
-    dtype: compute dtype override (default: the param dtype).
-    param_dtype: storage dtype override (default: the checkpoint's dtype).
-    shardings: optional `nnx.State` of shardings, or a function
-      `ModelConfig -> shardings` (the shardings depend on the shape read from
-      `config.json`); default: the first device.
+    path: a local directory as `save_pretrained` writes it: `config.json` and
+      `model.safetensors`, or the shards listed in `model.safetensors.index.json` (no
+      tokenizer needed here; `models.tokenizers.HFTokenizer(path)` reads `tokenizer.json`).
+      Remote paths (`gs://`, `hf://`) go through `models.sources.resolve_path` first.
+    dtype: the compute dtype of activations (a JAX dtype such as `jnp.bfloat16`, or its
+      name); default: `param_dtype`.
+    param_dtype: the dtype the parameters are stored in on device (each tensor is cast on the
+      host as it is read); default: the checkpoint's `dtype` / `torch_dtype` in
+      `config.json`, else float32.
+    shardings: where each parameter goes: an `nnx.State` of `jax.sharding.Sharding`s shaped
+      like the parameters (e.g. `placement.shard_model(config, mesh).param_shardings`), or a
+      function `ModelConfig -> shardings` (the shardings depend on the shape read from
+      `config.json`); default: everything on the first device. Each process reads only the
+      slices its devices hold.
 
   Returns:
-    `(config, params)`; `transformer.abstract_model(config)[0]` is the
-    matching `graphdef`, and `transformer.apply(graphdef, params, ...)` runs
-    the model.
+    `(config, params)`: the `transformer.ModelConfig` read from `config.json` (with the
+    dtypes asked for; `config.vocab_size` is the embedding's rows, which may exceed the
+    tokenizer's ids) and an `nnx.State` of `nnx.Param`s with global `jax.Array` leaves in
+    `param_dtype`. `transformer.abstract_model(config)[0]` is the matching `graphdef`, and
+    `transformer.apply(graphdef, params, ...)` runs the model.
 
   Raises:
-    ValueError: see `open_hf_checkpoint`; raised before any tensor is read.
+    errors.InputError (a ValueError): see `open_hf_checkpoint`; raised before any tensor is
+      read.
+    ValueError: `shardings` not shaped like the parameters.
   """
   checkpoint = open_hf_checkpoint(path, dtype=dtype, param_dtype=param_dtype)
   if callable(shardings):

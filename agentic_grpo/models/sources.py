@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from flax import nnx
 
+from agentic_grpo import errors
 from agentic_grpo import registry
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import placement
@@ -72,45 +73,47 @@ def resolve_path(path: str, *, cache_dir: Optional[str] = None) -> str:
   """A local directory holding the checkpoint at `path` (see the module doc).
 
   Raises:
-    ValueError: an empty path; `hf://` while offline or for an unknown repo;
-      a local or remote path that is not a directory.
+    errors.InputError (a ValueError): an empty path; `hf://` while offline or for an unknown
+      repo; a local or remote path that is not a directory.
   """
   if not path:
-    raise ValueError("config.model.path is empty; name a checkpoint directory")
+    raise errors.InputError("config.model.path is empty; name a checkpoint directory")
   if path.startswith("hf://"):
     return _download_hf(path[len("hf://"):], cache_dir)
   if "://" in path:
     return _copy_remote(path, cache_dir)
   if not os.path.isdir(path):
-    raise ValueError(f"config.model.path {path!r} is not a directory")
+    raise errors.InputError(f"config.model.path {path!r} is not a directory: set "
+                            f"--config.model.path to a checkpoint directory (config.json, "
+                            f"*.safetensors, tokenizer.json), gs://... or hf://org/name")
   return path
 
 
 def _download_hf(spec: str, cache_dir: Optional[str]) -> str:
   repo, _, revision = spec.partition("@")
   if repo.count("/") != 1:
-    raise ValueError(f"hf:// path must be hf://org/name[@revision], got 'hf://{spec}'")
+    raise errors.InputError(f"hf:// path must be hf://org/name[@revision], got 'hf://{spec}'")
   import huggingface_hub  # pylint: disable=g-import-not-at-top
-  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import errors as hub_errors  # pylint: disable=g-import-not-at-top
   try:
     return huggingface_hub.snapshot_download(repo, revision=revision or None,
                                              allow_patterns=list(REMOTE_PATTERNS),
                                              cache_dir=cache_dir)
-  except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, OSError) as e:
-    raise ValueError(
+  except (hub_errors.LocalEntryNotFoundError, hub_errors.OfflineModeIsEnabled, OSError) as e:
+    raise errors.InputError(
         f"cannot download hf://{spec}: this machine looks offline or the Hub is unreachable "
         f"({type(e).__name__}: {e}). Download the checkpoint where there is network "
         f"(`huggingface-cli download {repo}`) and set config.model.path to its local or gs:// "
         f"directory.") from e
-  except errors.HfHubHTTPError as e:
-    raise ValueError(f"cannot download hf://{spec}: {e}") from e
+  except hub_errors.HfHubHTTPError as e:
+    raise errors.InputError(f"cannot download hf://{spec}: {e}") from e
 
 
 def _copy_remote(path: str, cache_dir: Optional[str]) -> str:
   from etils import epath  # pylint: disable=g-import-not-at-top
   src = epath.Path(path)
   if not src.is_dir():
-    raise ValueError(f"config.model.path {path!r} is not a directory")
+    raise errors.InputError(f"config.model.path {path!r} is not a directory")
   root = cache_dir or os.path.join(tempfile.gettempdir(), "agentic_grpo_checkpoints")
   local = os.path.join(root, hashlib.sha256(path.encode()).hexdigest()[:16])
   os.makedirs(local, exist_ok=True)
@@ -150,6 +153,13 @@ def _open_hf(section: Any, *, dtype: Optional[str], min_seq_len: int,
   overrides = section.overrides()
   local = resolve_path(section.path, cache_dir=cache_dir)
   checkpoint = hf_import.open_hf_checkpoint(local, param_dtype=dtype)
+  trained = checkpoint.config.max_seq_len  # config.json max_position_embeddings
+  if overrides.get("max_seq_len", 0) > trained:
+    raise errors.InputError(
+        f"config.model.max_seq_len={overrides['max_seq_len']} exceeds the checkpoint's "
+        f"max_position_embeddings={trained} ({os.path.join(local, 'config.json')}): the model "
+        f"holds no positions past it; set --config.model.max_seq_len to at most {trained} (0: "
+        f"the checkpoint's) and keep rl.buckets[-1] + workflow.max_new_tokens within it")
   if overrides:  # only max_seq_len and attention_chunk (`ModelSection.validate`)
     checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
         checkpoint.config, **overrides))
@@ -171,32 +181,49 @@ def open_model(section: Any, *, min_seq_len: int = 0, cache_dir: Optional[str] =
     cache_dir: where remote checkpoints are copied / downloaded.
 
   Raises:
-    ValueError: an unknown source or preset, a bad path, a checkpoint that
-      fails `hf_import.open_hf_checkpoint`'s checks, a tokenizer whose
-      vocabulary is larger than the embedding, a tokenizer without eos id,
-      or a model shorter than `min_seq_len`; each names the field or file.
+    errors.InputError (a ValueError): an unknown source or preset, a bad path, a checkpoint
+      that fails `hf_import.open_hf_checkpoint`'s checks, a `config.model.max_seq_len` past
+      the checkpoint's `max_position_embeddings`, a checkpoint directory without
+      `tokenizer.json` or with unreadable tokenizer files, a tokenizer whose vocabulary is
+      larger than the embedding, a tokenizer without eos id, or a model shorter than
+      `min_seq_len`; each names the field or file, and the fix.
   """
   dtype = _DTYPES.get(section.param_dtype) if section.param_dtype else None
   if section.param_dtype and dtype is None:
-    raise ValueError(f"config.model.param_dtype must be one of {sorted(_DTYPES)} or '', got "
+    raise errors.InputError(f"config.model.param_dtype must be one of {sorted(_DTYPES)} or '', got "
                      f"{section.param_dtype!r}")
   source = MODEL_SOURCES.get(section.source)(
       section, dtype=dtype, min_seq_len=min_seq_len, cache_dir=cache_dir)
   if source.model_config.max_seq_len < min_seq_len:
-    raise ValueError(f"config.model.max_seq_len must be >= rl.buckets[-1] + "
-                     f"workflow.max_new_tokens = {min_seq_len}, got "
-                     f"{source.model_config.max_seq_len}")
+    held = source.model_config.max_seq_len
+    where = ("config.model.max_seq_len" if section.max_seq_len else
+             "the checkpoint's max_position_embeddings" if source.kind == "hf" else
+             "the preset's max_seq_len")
+    raise errors.InputError(
+        f"config.model.max_seq_len must be >= rl.buckets[-1] + workflow.max_new_tokens = "
+        f"{min_seq_len}, got {held} ({where}): the model's context is too short for the "
+        f"buckets; lower --config.rl.buckets or --config.workflow.max_new_tokens so that "
+        f"they add up to at most {held}"
+        + (", or raise --config.model.max_seq_len" if source.kind != "hf" else ""))
   return source
 
 
 def _checkpoint_tokenizer(local: str, config: transformer.ModelConfig
                           ) -> tokenizers.HFTokenizer:
-  tok = tokenizers.HFTokenizer(local)
+  if not os.path.isfile(os.path.join(local, "tokenizer.json")):
+    raise errors.InputError(
+        f"config.model.path {local!r} has no tokenizer.json: copy the checkpoint's tokenizer "
+        f"files (tokenizer.json, tokenizer_config.json) into it, e.g. from the model's "
+        f"Hugging Face repository")
+  try:
+    tok = tokenizers.HFTokenizer(local)
+  except ValueError as e:  # its files are the input: unreadable JSON, unknown special tokens
+    raise errors.InputError(f"the tokenizer files in {local!r} cannot be used: {e}") from e
   if tok.vocab_size > config.vocab_size:
-    raise ValueError(f"the tokenizer in {local!r} has {tok.vocab_size} ids, more than the "
+    raise errors.InputError(f"the tokenizer in {local!r} has {tok.vocab_size} ids, more than the "
                      f"model's embedding ({config.vocab_size} rows, config.json vocab_size)")
   if not tok.eos_ids:
-    raise ValueError(f"the tokenizer in {local!r} has no eos token (tokenizer_config.json "
+    raise errors.InputError(f"the tokenizer in {local!r} has no eos token (tokenizer_config.json "
                      f"eos_token or generation_config.json eos_token_id): generation could "
                      f"not end")
   if tok.pad_id is None:  # e.g. Llama 3: pad with the first eos id (masked out anyway)

@@ -16,6 +16,7 @@ again and again.
 import hashlib
 from typing import Sequence
 
+from agentic_grpo import errors
 from agentic_grpo.tasks import task as task_lib
 
 SPLITS = ("train", "validation", "test")
@@ -37,7 +38,9 @@ class FiniteTasks:
     name: the data set, for error messages.
 
   Raises:
-    ValueError: for a bad fraction, duplicate task ids, or a split left empty.
+    ValueError: for a bad fraction.
+    errors.InputError (a ValueError): duplicate task ids, or a split left empty (the message
+      names the config fields that change the split).
   """
 
   def __init__(self, tasks: Sequence[task_lib.Task], heldout_fraction: float, split_seed: int,
@@ -47,14 +50,17 @@ class FiniteTasks:
     ids = [t.task_id for t in tasks]
     if len(set(ids)) != len(ids):
       dup = next(i for i in ids if ids.count(i) > 1)
-      raise ValueError(f"{name}: duplicate task_id {dup!r}")
+      raise errors.InputError(f"{name}: duplicate task_id {dup!r}")
     self.heldout = tuple(t for t in tasks if is_heldout(t.task_id, heldout_fraction, split_seed))
     self.train = tuple(t for t in tasks
                        if not is_heldout(t.task_id, heldout_fraction, split_seed))
     for split, part in (("train", self.train), ("held-out", self.heldout)):
       if not part:
-        raise ValueError(f"{name}: the {split} split of {len(ids)} tasks is empty "
-                         f"(heldout_fraction={heldout_fraction}, split_seed={split_seed})")
+        change = "lower" if split == "train" else "raise"
+        raise errors.InputError(
+            f"{name}: the {split} split of {len(ids)} tasks is empty (heldout_fraction="
+            f"{heldout_fraction}, split_seed={split_seed}): {change} "
+            f"--config.task.heldout_fraction or try another --config.task.split_seed")
 
   def size(self, split: str) -> int:
     """Tasks in `split`."""

@@ -10,14 +10,16 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from absl import logging
 
+from agentic_grpo import errors
 from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 ON_ERROR = ("skip", "raise")
 
 
-class RowError(ValueError):
-  """A malformed dataset row: names the file, the row (1-based line) and the field."""
+class RowError(errors.InputError):
+  """A malformed dataset row: names the file, the row (1-based line) and the field (an input
+  mistake: `errors.InputError`, a ValueError)."""
 
   def __init__(self, path: str, row: int, field: Optional[str], message: str):
     self.path, self.row, self.field = path, row, field
@@ -25,9 +27,9 @@ class RowError(ValueError):
     super().__init__(f"{where}: {message}")
 
 
-class RecordError(ValueError):
+class RecordError(errors.InputError):
   """A record of a lazily read data set (TFDS) that does not decode to a task: names the data
-  set, the split and the record's index in it."""
+  set, the split and the record's index in it (an `errors.InputError`, a ValueError)."""
 
   def __init__(self, dataset: str, split: str, index: int, message: str):
     self.dataset, self.split, self.index = dataset, split, index

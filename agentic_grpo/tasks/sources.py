@@ -40,6 +40,7 @@ from typing import Any, Optional, Protocol
 
 from absl import logging
 
+from agentic_grpo import errors as error_types
 from agentic_grpo import registry
 from agentic_grpo.agent import execution
 from agentic_grpo.agent import sandbox
@@ -81,12 +82,16 @@ def synthetic_source(section: Any, sandbox_section: Any = None) -> synthetic.Syn
 def _finite(section: Any, tasks: list[task_lib.Task], name: str,
             errors: list[loading.RowError]) -> finite.FiniteTasks:
   """`tasks` split; a file that gave no task at all (every row malformed or failing its
-  reference check, or no rows) is an error naming the file, the count and the first error."""
+  reference check, or no rows) is an `errors.InputError` naming the file, the count and the
+  first error (for `stdio`, also the layout asked for)."""
   if not tasks:
     where = section.path or f"the {name} package's data"
     detail = (f"all {len(errors)} row(s) are malformed or fail the reference check; the first: "
               f"{errors[0]}" if errors else "it holds no rows")
-    raise ValueError(f"config.task.path: no usable {name} task in {where}: {detail}")
+    if errors and name == "stdio":
+      detail += (f"; check --config.task.stdio_layout={section.stdio_layout!r} against the "
+                 f"file's layout ('auto' detects it per row)")
+    raise error_types.InputError(f"config.task.path: no usable {name} task in {where}: {detail}")
   return finite.FiniteTasks(tasks, section.heldout_fraction, section.split_seed, name)
 
 
@@ -112,16 +117,18 @@ def _require_path(section: Any, source: str, optional: bool = False) -> Optional
   """`task.path`, checked to be a file (None when `optional` and not given).
 
   Raises:
-    ValueError: no path (unless `optional`), or one that is missing or not a file.
+    errors.InputError (a ValueError): no path (unless `optional`), or one that is missing or
+      not a file.
   """
   path = section.path
   if not path:
     if optional:
       return None
-    raise ValueError(f"config.task.path must name the {source} JSONL file, got ''")
+    raise error_types.InputError(f"config.task.path must name the {source} JSONL file, got ''")
   if "://" not in path and not os.path.isfile(path):
     what = "a directory" if os.path.isdir(path) else "missing"
-    raise ValueError(f"config.task.path {path!r} ({source} JSONL file) is {what}")
+    raise error_types.InputError(f"config.task.path {path!r} ({source} JSONL file) is {what}: "
+                                 f"set --config.task.path to the data file")
   return path
 
 
@@ -215,7 +222,7 @@ class TfdsTasks:
     """
     loading.check_on_error(on_error)
     if not name or not data_dir:
-      raise ValueError(f"the tfds source needs config.task.tfds_name (got {name!r}) and "
+      raise error_types.InputError(f"the tfds source needs config.task.tfds_name (got {name!r}) and "
                        f"config.task.path, its data_dir (got {data_dir!r})")
     # Imported here: TFDS and grain load slowly, and only this source needs them.
     from agentic_grpo.tasks import tfds_builder  # pylint: disable=g-import-not-at-top
@@ -228,10 +235,10 @@ class TfdsTasks:
       try:
         source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
       except Exception as e:  # pylint: disable=broad-except  (tfds raises many kinds)
-        raise ValueError(f"tfds data set {name!r} in {data_dir!r} has no readable split "
+        raise error_types.InputError(f"tfds data set {name!r} in {data_dir!r} has no readable split "
                          f"{split!r}: {type(e).__name__}: {str(e)[:200]}") from e
       if len(source) == 0:
-        raise ValueError(f"tfds data set {name!r}: split {split!r} is empty")
+        raise error_types.InputError(f"tfds data set {name!r}: split {split!r} is empty")
       self._splits[split] = source
 
   def size(self, split: str) -> int:
@@ -266,7 +273,7 @@ class TfdsTasks:
         bad[record] = e
         logging.warning("skipping a record that does not decode (%d so far): %s",
                         self.skipped, e)
-    raise ValueError(f"tfds data set {self._name!r}: none of the {n} records of split "
+    raise error_types.InputError(f"tfds data set {self._name!r}: none of the {n} records of split "
                      f"{split!r} decodes to a task; the first: {bad[min(bad)]}")
 
   def _split(self, split: str):
@@ -298,7 +305,7 @@ def long_horizon_source(section: Any, sandbox_section: Any = None
   """
   depths = tuple(section.depths)
   if len(depths) != 1 or depths[0] < 2:
-    raise ValueError(f"config.task.depths must be one depth K >= 2 (the pieces per program) "
+    raise error_types.InputError(f"config.task.depths must be one depth K >= 2 (the pieces per program) "
                      f"for the long_horizon source, got {depths!r}")
   return long_horizon.LongHorizonTasks(long_horizon.LongHorizonConfig(
       seed=section.seed, num_stages=depths[0], string_prob=section.string_prob,

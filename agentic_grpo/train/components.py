@@ -14,6 +14,7 @@ from absl import logging
 import jax
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
 from agentic_grpo import parallel
 from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
@@ -25,9 +26,9 @@ from agentic_grpo.train import device as device_lib
 _PROBE_TASKS = 8
 
 
-class StartupCheckError(ValueError):
+class StartupCheckError(errors.InputError):
   """The config cannot do what it asks (found before the first step); names the field to
-  change."""
+  change (an input mistake: `errors.InputError`)."""
 
 
 @dataclasses.dataclass
@@ -78,8 +79,11 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
       evaluation), the tokenizer the model's (the `chat` prompt format renders with it).
 
   Raises:
-    ValueError: a model too short for `rl.buckets` (`device.build_model`).
-    StartupCheckError: no task's first prompt fits the largest bucket (`check_prompt_lengths`).
+    errors.InputError (a ValueError): an input mistake, naming the field and the fix: a model
+      source that does not open or is too short for `rl.buckets` (`device.build_model`,
+      `models.sources.open_model`), a data file that is missing or gives no usable task, an
+      empty split (`task_source`); `StartupCheckError`, one: no task's first prompt fits the
+      largest bucket (`check_prompt_lengths`).
   """
   model = device_lib.build_model(cfg)
   tasks = task_source(cfg)
@@ -141,6 +145,6 @@ def check_prompt_lengths(comp: Components) -> None:
           f"trained on")
   if too_long == len(lengths):
     raise StartupCheckError(f"config.rl.buckets={tuple(cfg.rl.buckets)}: {what}; contexts "
-                            f"longer than the largest bucket: raise rl.buckets to at least "
-                            f"{max(lengths) + cfg.workflow.max_new_tokens}")
+                            f"longer than the largest bucket: raise --config.rl.buckets to at "
+                            f"least {max(lengths) + cfg.workflow.max_new_tokens}")
   logging.warning("%s; raise rl.buckets", what)

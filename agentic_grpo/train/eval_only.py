@@ -31,7 +31,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from etils import epath
 import jax
@@ -39,6 +39,8 @@ import numpy as np
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
+from agentic_grpo import exit_codes
 from agentic_grpo import run_lock
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import streams
@@ -51,9 +53,15 @@ PHASE = "eval_only"
 PREFIX = "eval_only/"
 
 
-class WorkdirError(ValueError):
+class WorkdirError(errors.InputError):
   """The workdir cannot be evaluated as asked (missing, no config.json, or it holds checkpoints
-  that a model evaluation would sit beside)."""
+  that a model evaluation would sit beside): an input mistake (`errors.InputError`)."""
+
+
+class WorkdirHeldError(WorkdirError):
+  """A live run holds the workdir a model evaluation would write to (the message names it);
+  reported with `exit_codes.WORKDIR_LOCKED`, as `launch.train` reports it."""
+  exit_code = exit_codes.WORKDIR_LOCKED
 
 
 def saved_config(workdir: str) -> config_lib.TrainConfig:
@@ -119,7 +127,8 @@ def checkpoint_step(workdir: str, step: Optional[int]) -> int:
 
 def evaluate_checkpoint(workdir: str, step: Optional[int] = None, *,
                         cfg: Optional[config_lib.TrainConfig] = None, pool=None,
-                        workflow_factory=None) -> dict[str, Any]:
+                        workflow_factory=None,
+                        on_start: Optional[Callable[[], None]] = None) -> dict[str, Any]:
   """Evaluates checkpoint `step` of the run in `workdir`; writes and returns the result.
 
   Args:
@@ -129,6 +138,8 @@ def evaluate_checkpoint(workdir: str, step: Optional[int] = None, *,
       `with_overrides(saved_config(workdir), ...)`. Its model must be the run's.
     pool: a sandbox pool to use (default: a new one from `cfg.sandbox`, closed at the end).
     workflow_factory: as `train.run`'s (tests).
+    on_start: as `train.run`'s: called once the startup checks (config, checkpoint, model
+      source, tasks, prompt lengths) have passed, before the evaluation.
 
   Returns:
     The record written to `eval/step_<N>.json` (see `_record`).
@@ -150,20 +161,23 @@ def evaluate_checkpoint(workdir: str, step: Optional[int] = None, *,
     return params, np.asarray(warm, bool)
 
   try:
-    return _evaluate(cfg, workdir, step, "checkpoint", params_of, pool, workflow_factory)
+    return _evaluate(cfg, workdir, step, "checkpoint", params_of, pool, workflow_factory,
+                     on_start)
   finally:
     ckpt.close()
 
 
 def evaluate_model(cfg: config_lib.TrainConfig, workdir: str, *, pool=None,
-                   workflow_factory=None) -> dict[str, Any]:
+                   workflow_factory=None,
+                   on_start: Optional[Callable[[], None]] = None) -> dict[str, Any]:
   """Evaluates the initial policy of `cfg` (e.g. a Hugging Face checkpoint as loaded) as step 0.
 
-  `pool`, `workflow_factory`: as `evaluate_checkpoint`'s.
+  `pool`, `workflow_factory`, `on_start`: as `evaluate_checkpoint`'s.
 
   Raises:
     WorkdirError: `workdir` holds a run's checkpoints (evaluate them with
-      `evaluate_checkpoint`, or choose another workdir), or a live run holds its lock.
+      `evaluate_checkpoint`, or choose another workdir); `WorkdirHeldError`, one, when a live
+      run holds its lock.
     ValueError: an invalid config or model source (naming the field or file).
   """
   if checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
@@ -174,19 +188,22 @@ def evaluate_model(cfg: config_lib.TrainConfig, workdir: str, *, pool=None,
   try:
     lock.acquire()
   except run_lock.WorkdirLockedError as e:
-    raise WorkdirError(str(e)) from e
+    raise WorkdirHeldError(str(e)) from e
   try:
     return _evaluate(cfg, workdir, 0, "model",
                      lambda comp: (device_lib.initial_policy(comp), None), pool,
-                     workflow_factory)
+                     workflow_factory, on_start)
   finally:
     lock.release()
 
 
-def _evaluate(cfg, workdir, step, source, params_of, pool, workflow_factory) -> dict[str, Any]:
+def _evaluate(cfg, workdir, step, source, params_of, pool, workflow_factory,
+              on_start=None) -> dict[str, Any]:
   """Builds the run's components, evaluates `params_of(comp)`, writes the outputs."""
   comp = components_lib.build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
+    if on_start is not None:
+      on_start()
     params, baseline = params_of(comp)
     agent = _agent(comp)
     try:

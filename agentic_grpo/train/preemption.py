@@ -17,11 +17,14 @@ from typing import Optional
 
 from absl import logging
 
+from agentic_grpo import exit_codes
+
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):
   """The run stopped on a signal after writing a checkpoint at global step `step`."""
+  exit_code = exit_codes.PREEMPTED
 
   def __init__(self, step: int, signal_name: str):
     super().__init__(f"stopped by {signal_name} at global step {step} after writing a "

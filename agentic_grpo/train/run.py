@@ -43,7 +43,7 @@ early, every update skipped as non-finite) returns the reason as `result["incomp
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 from etils import epath
@@ -63,7 +63,8 @@ from agentic_grpo.train import warmstart
 
 
 def run(config, workdir: str, *, pool=None, workflow_factory=None,
-        stop_after: Optional[int] = None, transfer_guard: str = "allow") -> dict[str, Any]:
+        stop_after: Optional[int] = None, transfer_guard: str = "allow",
+        on_start: Optional[Callable[[], None]] = None) -> dict[str, Any]:
   """Trains (or resumes) a run in `workdir`; returns the last evaluation and run facts.
 
   Args:
@@ -75,6 +76,10 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
       process had been stopped there (tests of resume).
     transfer_guard: `jax.transfer_guard` level of the hot loop's device calls; tests pass
       "disallow" so that a hidden host-device copy fails loudly.
+    on_start: called once the run has passed its startup checks (workdir lock, resume, model
+      source, tasks, prompt lengths), before anything is written to `workdir` (the launcher
+      prints the workdir and logs the config there, so that a refused run prints only its
+      error).
 
   Returns:
     `step` (the last global step), `phase`, `seconds`, `warmstart_pass_at_1`,
@@ -83,9 +88,10 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
     learner state) and `incomplete`: None, or why the run did not do what it was asked.
 
   Raises:
-    ValueError: an invalid config (naming the field).
-    components.StartupCheckError: the config cannot train (e.g. prompts too long for
-      `rl.buckets`), found before the first step.
+    errors.InputError (a ValueError): an input mistake found before the first step, naming
+      the field and the fix: an invalid config, a missing or unusable data file, model
+      directory or checkpoint, an empty split, a model too short for `rl.buckets`;
+      `components.StartupCheckError` (e.g. prompts too long for `rl.buckets`) is one.
     config_drift.ConfigDriftError: a resume whose config changes fields that the saved state
       depends on (`config_drift.FIXED`); the workdir's `config.json` is left as it was.
     preemption.Preempted: a SIGTERM / SIGINT stopped the run after a checkpoint.
@@ -97,7 +103,8 @@ def run(config, workdir: str, *, pool=None, workflow_factory=None,
       config)
   lock = _lock_workdir(workdir)
   try:
-    return _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard)
+    return _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard,
+                       on_start)
   finally:
     lock.release()
 
@@ -124,13 +131,15 @@ def _lock_workdir(workdir: str) -> run_lock.WorkdirLock:
   return lock
 
 
-def _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard):
+def _locked_run(cfg, workdir, pool, workflow_factory, stop_after, transfer_guard, on_start):
   check_resume(cfg, workdir)
   own_pool = pool is None
   # The model source, tasks and prompt lengths are checked here, before any device memory is
   # spent and before anything is written into the workdir.
   comp = components_lib.build(cfg, pool=pool, workflow_factory=workflow_factory)
   try:
+    if on_start is not None:
+      on_start()
     save_config(cfg, workdir)
     with preemption.StopRequest() as stop:
       return _run(comp, workdir, stop_after, stop, transfer_guard)
