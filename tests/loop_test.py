@@ -105,6 +105,22 @@ class LoopTest(parameterized.TestCase):
     self.addCleanup(agent.close)
     return agent, replay, counting
 
+  def test_only_the_training_streams_long_contexts_count_as_its_skips(self):
+    agent, _, _ = self._loop(ScriptedSampler(), in_flight=1)
+    n = agent.num_rows
+    blank = lambda params, prompts, lengths, rng_counter, greedy: (
+        np.ones((n, 2), np.int32), np.full((n,), 2, np.int32), np.zeros((n, 2), np.float32))
+    too_long = [[1] * 321] * 3 + [[1] * 8] * (n - 3)  # 384 - 64 tokens fit
+    agent.sample_contexts(None, too_long, greedy=True, rng_counter=-1, sample_fn=blank)
+    self.assertEqual(agent.counters["eval_skipped_long_contexts"], 3)
+    self.assertEqual(agent.counters["skipped_long_contexts"], 0)
+    self.assertEqual(agent.rng_counter, 0)  # evaluation's samples are not the stream's
+    _, _, ok = agent.sample_contexts(None, too_long, greedy=False, sample_fn=blank)
+    self.assertEqual(int((~ok).sum()), 3)
+    self.assertEqual(agent.counters["skipped_long_contexts"], 3)
+    # The RL phase's "S of N training stage samples were skipped" reads N = rng_counter * N.
+    self.assertLessEqual(agent.counters["skipped_long_contexts"], agent.rng_counter * n)
+
   def test_sharded_loops_draw_disjoint_tasks(self):
     seen = []
     for p in range(2):

@@ -6,6 +6,7 @@ set of compilations.
 
 import json
 import os
+import re
 import signal
 import struct
 from unittest import mock
@@ -428,7 +429,7 @@ class TrainTest(parameterized.TestCase):
     cfg = _micro(tiny_codegen, **{"rl.buckets": (64,), "warmstart.seq_len": 64,
                                   "workflow.max_new_tokens": 40})
     with self.assertRaisesRegex(train.StartupCheckError,
-                                r"config\.rl\.buckets.*raise rl\.buckets to at least"):
+                                r"config\.rl\.buckets.*raise --config\.rl\.buckets to at least"):
       train.build(cfg, pool=self.pool)
 
   @parameterized.named_parameters(
@@ -446,6 +447,11 @@ class TrainTest(parameterized.TestCase):
     self.assertIn("ended early", result["incomplete"])
     self.assertIn("rl.max_idle_batches=2", result["incomplete"])
     self.assertIn(cause, result["incomplete"])
+    # With its counts, each at most its total (evaluation's samples are not among them).
+    found = re.search(r"(\d+) of (?:the )?(\d+) (?:training stage samples were skipped|groups "
+                      r"finished had equal final rewards)", result["incomplete"])
+    self.assertIsNotNone(found, result["incomplete"])
+    self.assertBetween(int(found[1]), 1, int(found[2]))
 
   def _final(self, workdir, cfg, step=None):
     comp = train.build(cfg, pool=self.pool)

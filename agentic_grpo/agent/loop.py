@@ -201,7 +201,9 @@ class AgentLoop:
 
     `rng_counter` selects the sampling key; by default the loop's own counter is advanced
     (evaluation passes its own, so that it does not shift the training stream). `sample_fn`
-    replaces the loop's own for this call (e.g. evaluation at its own temperature).
+    replaces the loop's own for this call (e.g. evaluation at its own temperature). The rows
+    not sampled are counted in `counters["skipped_long_contexts"]` (the loop's own calls: the
+    training stream) or `counters["eval_skipped_long_contexts"]` (calls with `rng_counter`).
 
     Returns:
       `(gen, logprobs, sampled)`: per row generated ids and behaviour log-probs (ragged), and
@@ -219,7 +221,8 @@ class AgentLoop:
       if o:
         prompts[i, :len(c)] = c
         lengths[i] = len(c)
-    if rng_counter is None:
+    own = rng_counter is None
+    if own:
       self.rng_counter += 1
       rng_counter = self.rng_counter
     tokens, out_len, logprobs = (sample_fn or self.sample_fn)(params, prompts, lengths,
@@ -230,7 +233,10 @@ class AgentLoop:
       m = int(out_len[i]) if ok[i] else 0
       gen.append(tokens[i, :m].astype(np.int32))
       lps.append(logprobs[i, :m].astype(np.float32))
-    self.counters["skipped_long_contexts"] += int((~ok).sum())
+    # The training stream's skips apart from evaluation's (`rng_counter` given): the RL phase
+    # reads `skipped_long_contexts` against the training rows sampled (`rng_counter * N`).
+    key = "skipped_long_contexts" if own else "eval_skipped_long_contexts"
+    self.counters[key] += int((~ok).sum())
     return gen, lps, ok
 
   def _submit(self, slot: inflight.InFlightBatch,

@@ -271,18 +271,26 @@ class RLPhase:
   # ------------------------------------------------------------------------------- verdict
 
   def _idle_cause(self) -> str:
-    """Why batches gave no learning signal: stages skipped for length, or tied rewards."""
+    """Why batches gave no learning signal: stages skipped for length, or tied rewards (with
+    the counts of this process's training stream: evaluation's samples are not among them)."""
     agent, cfg = self.s.agent, self.s.cfg
-    sampled = agent.rng_counter * agent.num_rows
+    sampled = agent.rng_counter * agent.num_rows  # training stage rows sampled (or skipped)
     skipped = agent.counters.get("skipped_long_contexts", 0)
     if sampled and skipped >= _MOSTLY_SKIPPED * sampled:
-      return (f"{skipped} of {sampled} stage samples were skipped: contexts longer than the "
-              f"largest bucket (rl.buckets[-1] - workflow.max_new_tokens = "
-              f"{cfg.rl.buckets[-1] - cfg.workflow.max_new_tokens} tokens): raise rl.buckets")
+      return (f"{skipped} of {sampled} training stage samples were skipped: contexts longer "
+              f"than the largest bucket (rl.buckets[-1] - workflow.max_new_tokens = "
+              f"{cfg.rl.buckets[-1] - cfg.workflow.max_new_tokens} tokens): raise "
+              f"--config.rl.buckets")
+    groups = agent.counters.get("episodes", 0) // max(agent.G, 1)
+    tied = agent.counters.get("tied_groups_final", 0)
+    counts = (f"{tied} of the {groups} groups finished had equal final rewards across their "
+              f"{agent.G} attempts" if groups else "no group has finished yet")
     if cfg.rl.pass_rate_filter:
       return (f"every group's rewards tied (all advantages 0) or its pass rate lay outside "
-              f"rl.pass_rate_filter={tuple(cfg.rl.pass_rate_filter)}")
-    return "every group's rewards tied: all advantages 0"
+              f"rl.pass_rate_filter={tuple(cfg.rl.pass_rate_filter)}; {counts}")
+    return (f"every group's rewards tied: all advantages 0 ({counts}); a task set the policy "
+            f"always or never solves gives no signal: choose tasks of middling difficulty or "
+            f"raise --config.rl.group_size")
 
   def verdict(self) -> Optional[str]:
     """Why the RL phase did not do what it was asked, or None (also None when stopped)."""
