@@ -83,7 +83,12 @@ class LayoutTest(parameterized.TestCase):
     self.assertEqual(t.difficulty, 7)
     self.assertIsNone(t.probe)  # no hypothesis reward for stdio tasks
     self.assertIn("Print a + b.", t.prompt)
-    self.assertIn("'1 2\\n'->'3\\n'", t.prompt)  # the samples, in the tests stage's format
+    # The samples as a statement shows them: plain text, not Python literals.
+    self.assertTrue(t.prompt.endswith("Print a + b.\n\nExample 1\nInput:\n1 2\nOutput:\n3\n"),
+                    t.prompt)
+    self.assertNotIn("'1 2\\n'", t.prompt)
+    two = stdio_problems.format_sample(task_lib.Example(("3\n1 5 2",), "5"), 2)
+    self.assertEqual(two, "Example 2\nInput:\n3\n1 5 2\nOutput:\n5")
 
   def test_apps(self):
     t = stdio_problems.row_to_task(apps_row(), 1, "apps.jsonl", "apps")

@@ -64,8 +64,10 @@ with that absolute and relative tolerance for every row (0: number tokens byte-e
 layout compares them by value); a row's own tolerance fields win over both: `abs_tol`,
 `rel_tol`, or `float_tolerance` (both), numbers >= 0 (a missing one of the two is 0).
 
-The prompt is the statement, then the public tests as `'INPUT'->'OUTPUT'` lines (the tests
-stage's format). A `stdio` task has no probe: its hypothesis stage has no reward.
+The prompt is the statement, then the public tests as a statement shows them, plain text
+(`format_sample`: "Example 1", "Input:", its lines, "Output:", its lines), not Python literals;
+the tests stage's `'INPUT'->'OUTPUT'` format is its own instructions' to state
+(`agent.chat_format`). A `stdio` task has no probe: its hypothesis stage has no reward.
 
 Malformed rows raise `loading.RowError` naming the file, row and field: no tests, a test that
 does not parse (not strings, unequal input/output counts, bad JSON, not UTF-8 encodable), an
@@ -352,6 +354,26 @@ def _tolerance(r: _Row) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def format_sample(example: task_lib.Example, number: int) -> str:
+  """A sample test as a statement shows it: its input and output as plain text.
+
+    Example 1
+    Input:
+    1 2
+    Output:
+    3
+
+  Args:
+    example: a stdio test, `Example((INPUT,), OUTPUT)` with strings.
+    number: its number in the statement (from 1).
+  """
+  def block(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
+
+  return (f"Example {number}\nInput:\n{block(example.args[0])}Output:\n"
+          f"{block(example.expected)}").rstrip("\n")
+
+
 def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO,
                 float_tolerance: Optional[float] = None) -> task_lib.Task:
   """One problem row (layout `layout`, or detected with `auto`) to a `stdio` `Task`.
@@ -390,8 +412,7 @@ def row_to_task(d: dict, row: int = 0, path: str = "<stdio>", layout: str = AUTO
       _DIFFICULTY.get(level.strip().lower(), 0) if isinstance(level, str) else 0)
   prompt = p["statement"].strip()
   if p["public"]:
-    prompt += "\n\nExamples (stdin->stdout):\n" + "\n".join(
-        task_lib.format_example(e) for e in p["public"])
+    prompt += "\n\n" + "\n\n".join(format_sample(e, i + 1) for i, e in enumerate(p["public"]))
   return task_lib.Task(
       task_id=f"{layout}/{p['name']}", prompt=prompt + "\n", entry_point="main",
       signature="main()", public_examples=tuple(p["public"]), hidden_tests=tuple(hidden),
