@@ -31,7 +31,15 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   """`(cfg, source, step, params)` of a run's checkpoint, parameters in their shardings.
 
   Only that one field of the learner state is read (`Checkpointer.restore(only=...)`): the
-  optimizer's moments and the KL reference stay on disk.
+  optimizer's moments and the KL reference stay on disk. This is the call that loads a run's
+  checkpoint into a model:
+
+    cfg, source, step, params = exporting.restore_params("workdirs/my-run")
+    graphdef, _ = transformer.abstract_model(source.model_config)
+    ids = source.tokenizer.encode("def add(a, b):")
+    tokens = jnp.asarray([ids], jnp.int32)                       # [1, T]
+    positions = jnp.arange(len(ids), dtype=jnp.int32)[None]      # [1, T]
+    logits, _ = transformer.apply(graphdef, params, tokens, positions)  # [1, T, V] float32
 
   Args:
     workdir: the run's directory (its `config.json` and `checkpoints/`).
@@ -39,6 +47,12 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
     master: read the learner's float32 master copy (`TrainState.master`, kept when the
       parameters are stored in a lower precision) instead of the parameters; for float32
       parameters, which have no master, the parameters themselves.
+
+  Returns:
+    `cfg` (the run's `config.TrainConfig`), `source` (its `models.sources.ModelSource`:
+    `model_config`, `tokenizer`, `local_dir`), `step` (the checkpoint's global step), and
+    `params` (an `nnx.State` of `jax.Array`s in the run's shardings over this machine's
+    devices, in `model_config.param_dtype`, or float32 with `master`).
 
   Raises:
     errors.InputError (a ValueError): no `workdir`, no config.json in it, or an invalid one;

@@ -1,8 +1,8 @@
 """Every entry point's answer to each input mistake: exit code 78 and one line; a bug: a traceback.
 
 Each `launch.*` entry point runs as a subprocess on the mistakes that reach it (`launch.export`
-reads no data file and `launch.plan` neither data nor tokenizer: they get the mistakes of the
-inputs they read). The classification itself (`agentic_grpo.errors`) and the held startup logs
+reads no data file, `launch.plan` neither data nor tokenizer, `launch.judge` no model: they get
+the mistakes of the inputs they read); `--help` exits 0. The classification itself (`agentic_grpo.errors`) and the held startup logs
 (`launch.common_flags.HeldLogs`) are tested in process.
 """
 
@@ -139,6 +139,19 @@ _PLAN_MISTAKES = {
 }
 
 
+# What judge reads: the data set and the programs file.
+_JUDGE_MISTAKES = {
+    **{name: _RUN_MISTAKES[name] for name in ("missing_data_path", "layout_mismatch",
+                                              "empty_heldout_split")},
+    "missing_programs_file": (_STDIO + ("--config.task.path={problems}",
+                                        "--programs={tmp}/nonexistent_programs.jsonl"),
+                              r"--programs '.*nonexistent_programs\.jsonl' is missing"),
+    "unknown_task_id": (_STDIO + ("--config.task.path={problems}",
+                                  "--programs={unknown_programs}"),
+                        r"row 1 names task_id 'codecontests/nope', not a task of the data set"),
+}
+
+
 def _cases():
   for module in ("train", "evaluate"):
     for name, (args, pattern) in _RUN_MISTAKES.items():
@@ -147,6 +160,8 @@ def _cases():
     yield "export", name, args + ("--out={tmp}/out_" + name,), pattern
   for name, (args, pattern) in _PLAN_MISTAKES.items():
     yield "plan", name, args, pattern
+  for name, (args, pattern) in _JUDGE_MISTAKES.items():
+    yield "judge", name, args, pattern
 
 
 CASES = [dict(testcase_name=f"{module}_{name}", module=module, name=name, args=args,
@@ -180,6 +195,9 @@ class InputMistakeTest(parameterized.TestCase):
       paths[name] = os.path.join(tmp, f"{name}.jsonl")
       with open(paths[name], "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in _codecontests_rows(n))
+    paths["unknown_programs"] = os.path.join(tmp, "unknown_programs.jsonl")
+    with open(paths["unknown_programs"], "w") as f:
+      f.write(json.dumps({"task_id": "codecontests/nope", "program": SUM}) + "\n")
     # Runs whose saved config names a model that does not open (as if moved or edited since).
     for name, model in (("missing_model_directory", os.path.join(tmp, "nonexistent_model")),
                         ("missing_tokenizer_json", paths["no_tokenizer"]),
@@ -225,6 +243,15 @@ class InputMistakeTest(parameterized.TestCase):
          "context_too_short_for_the_buckets"}, set(_RUN_MISTAKES))
 
 
+class HelpTest(parameterized.TestCase):
+
+  @parameterized.parameters("train", "evaluate", "export", "plan", "judge")
+  def test_help_exits_0(self, module):
+    proc = _launch(module, "--help")
+    self.assertEqual(proc.returncode, exit_codes.OK, proc.stderr[-3000:])
+    self.assertIn("--", proc.stdout)
+
+
 class BugTest(parameterized.TestCase):
   """A bug (here a plain ValueError where none is expected) is a traceback and exit code 1."""
 
@@ -232,10 +259,11 @@ class BugTest(parameterized.TestCase):
       ("train", "agentic_grpo.train.device.build_model", "train", ()),
       ("evaluate", "agentic_grpo.train.device.build_model", "evaluate",
        ("--config.rl.group_size=4",)),
-      ("plan", "agentic_grpo.models.transformer.get_model_config", "plan", ()))
+      ("plan", "agentic_grpo.models.transformer.get_model_config", "plan", ()),
+      ("judge", "agentic_grpo.judging.load_tasks", "judge", ()))
   def test_traceback_and_exit_code_1(self, target, module, args):
     workdir = os.path.join(self.create_tempdir().full_path, "run")
-    args = (*args, f"--workdir={workdir}") if module != "plan" else args
+    args = (*args, f"--workdir={workdir}") if module in ("train", "evaluate") else args
     proc = _launch_with_bug(target, module, *args)
     self.assertEqual(proc.returncode, exit_codes.CRASH, proc.stderr[-3000:])
     self.assertIn("Traceback (most recent call last)", proc.stderr)
