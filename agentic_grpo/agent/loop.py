@@ -130,6 +130,9 @@ class AgentLoop:
     self.counters: collections.Counter = collections.Counter()
     self._errors: collections.Counter = collections.Counter()
     self._verdicts: collections.Counter = collections.Counter()
+    # The newest finished training batch: `(episodes, FinalResult, policy version of its last
+    # stage)`, for `transcripts` (not checkpointed: None until a batch finishes).
+    self.last_finished: Optional[tuple] = None
 
   @property
   def num_rows(self) -> int:
@@ -281,6 +284,7 @@ class AgentLoop:
       final = follow
       self.replay.finish(slot.episode_ids, final.rewards)
       slot.done = True
+      self.last_finished = (slot.episodes, final, sampled.version)
       tied = self._tied(final.rewards, np.ones(self.num_rows, bool))
       metrics["reward/final"] = float(np.mean(final.rewards))
       metrics["train/pass_rate"] = float(np.mean(final.rewards >= 1.0))
@@ -290,6 +294,33 @@ class AgentLoop:
     else:
       slot.context = [list(r) + list(self.tokenizer.encode(o)) for r, o in zip(rows, follow)]
     return metrics
+
+  def transcripts(self, n: int) -> list[dict[str, Any]]:
+    """The first `n` episodes of the newest finished training batch as JSON objects ([] before
+    one finishes): `task_id`, `prompt` (the first stage's opening), `stages` (per stage:
+    `stage`, `opening` (after the first), `output`, `reward`, `parsed`, `valid`: whether it
+    counts for the stage's reward), `final_reward`, `tests_passed` / `num_tests` (the final
+    code on the hidden tests) and `policy_version` (of the last stage's sampling)."""
+    if self.last_finished is None:
+      return []
+    episodes, final, version = self.last_finished
+    out = []
+    for i, ep in enumerate(episodes[:n]):
+      stages = []
+      for k, seg in enumerate(ep.segments):
+        stages.append({"stage": seg.stage, **({"opening": seg.opening} if k else {}),
+                       "output": seg.output,
+                       "reward": float(ep.stage_rewards[k]) if k < len(ep.stage_rewards)
+                       else None,
+                       "parsed": bool(ep.stage_parsed[k]) if k < len(ep.stage_parsed)
+                       else None,
+                       "valid": bool(ep.stage_valid[k]) if k < len(ep.stage_valid) else None})
+      out.append({"task_id": ep.task.task_id,
+                  "prompt": ep.segments[0].opening if ep.segments else "",
+                  "stages": stages, "final_reward": float(final.rewards[i]),
+                  "tests_passed": int(final.num_passed[i]), "num_tests": int(final.num_tests[i]),
+                  "policy_version": int(version)})
+    return out
 
   def _tied(self, rewards: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """`[B]` bool: which of a batch's groups (rows `b·G .. b·G + G - 1`) have tied rewards

@@ -133,14 +133,27 @@ class LogSection:
     tensorboard: write TensorBoard events to workdir/tb.
     progress_bar: show a console progress bar.
     plot: write learning_curve.png at the end.
+    transcripts_every: every this many RL updates, write sample transcripts of the newest
+      finished training batch (`transcripts` episodes: the prompt, each stage's opening and
+      output, its reward, whether it parsed and counted, the final reward and the hidden tests
+      passed) to workdir/transcripts.jsonl and, as text, to TensorBoard (tag `transcripts`);
+      0 = never.
+    transcripts: episodes per transcript write (the first ones of the batch: whole groups
+      first).
   """
   every: int = 1
   tensorboard: bool = True
   progress_bar: bool = True
   plot: bool = True
+  transcripts_every: int = 0
+  transcripts: int = 2
 
   def validate(self, path: str) -> None:
     checks.check(self.every >= 1, f"{path}.every", "must be >= 1", self.every)
+    checks.check(self.transcripts_every >= 0, f"{path}.transcripts_every", "must be >= 0",
+                 self.transcripts_every)
+    checks.check(self.transcripts >= 1, f"{path}.transcripts", "must be >= 1",
+                 self.transcripts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar), the learning
+"""Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar, sample
+transcripts in transcripts.jsonl every `log.transcripts_every` updates), the learning
 curve plot, the RL row assembled from every process's numbers (`rl_row`), and the headline
 numbers of a finished run (`run_summary`, printed by `launch/train.py`).
 
@@ -120,6 +121,29 @@ class MetricsWriter:
                             dynamic_ncols=True, desc="train")
     self.pass1 = next((r["eval/pass_at_1"] for r in reversed(self.history)
                        if "eval/pass_at_1" in r), None)
+    self.transcripts_path = epath.Path(workdir) / "transcripts.jsonl"
+    if self.transcripts_path.exists():  # as metrics.jsonl: none past the restored step
+      kept = [line for line in self.transcripts_path.read_text().splitlines()
+              if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+      self.transcripts_path.write_text("".join(line + "\n" for line in kept))
+
+  def write_transcripts(self, step: int, transcripts: Sequence[dict[str, Any]]) -> None:
+    """Appends sample transcripts (`agent.loop.AgentLoop.transcripts`) at global step `step`
+    to `transcripts.jsonl` (one line each, `step` added) and, as Markdown text, to TensorBoard
+    (tag `transcripts`). Only process 0 writes; nothing for an empty list."""
+    if not self.primary or not transcripts:
+      return
+    rows = [{"step": int(step), **t} for t in transcripts]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if self.local:
+      with self.transcripts_path.open("a") as f:
+        f.write(text)
+    else:  # objects cannot be appended to
+      old = self.transcripts_path.read_text() if self.transcripts_path.exists() else ""
+      self.transcripts_path.write_text(old + text)
+    if self._tb is not None:
+      self._tb.add_text("transcripts", "\n\n---\n\n".join(map(transcript_markdown, rows)),
+                        int(step))
 
   def write(self, row: dict[str, Any]) -> None:
     """Appends one metrics row (`step` required) to every output.
@@ -170,6 +194,24 @@ class MetricsWriter:
       self._tb.close()
     if self._bar is not None:
       self._bar.close()
+
+
+def transcript_markdown(t: dict[str, Any]) -> str:
+  """One transcript (`MetricsWriter.write_transcripts`) as Markdown: the prompt, then each
+  stage's opening and output in code blocks with its reward, then the final verdict."""
+  def block(text: str) -> str:
+    return "```\n" + text.replace("```", "` ``") + "\n```"
+
+  parts = [f"**{t['task_id']}** (policy version {t.get('policy_version')})", block(t["prompt"])]
+  for st in t["stages"]:
+    if st.get("opening"):
+      parts.append(block(st["opening"]))
+    parts.append(f"*{st['stage']}* output (reward {st['reward']}, parsed {st['parsed']}, "
+                 f"counted {st['valid']}):")
+    parts.append(block(st["output"]))
+  parts.append(f"final reward {t['final_reward']}; hidden tests passed {t['tests_passed']}/"
+               f"{t['num_tests']}")
+  return "\n\n".join(parts)
 
 
 def plot_learning_curve(history: list[dict[str, Any]], path: str) -> None:

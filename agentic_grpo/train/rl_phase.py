@@ -155,6 +155,8 @@ class RLPhase:
     eval_due = session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps)
     if (session_lib.periodic(s.step, s.cfg.log.every) or eval_due) and s.step < s.total:
       self._log(final=False)
+    if session_lib.periodic(s.step, s.cfg.log.transcripts_every, start=s.ws_steps):
+      s.metrics.write_transcripts(s.step, s.agent.transcripts(s.cfg.log.transcripts))
     s.metrics.progress(s.step, "rl")
     if s.step < s.total:
       s.checkpoint()

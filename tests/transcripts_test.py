@@ -1,0 +1,94 @@
+"""Sample transcripts of a run (`log.transcripts_every`): transcripts.jsonl and TensorBoard text."""
+
+import json
+import os
+
+from absl.testing import absltest
+
+from agentic_grpo import config as config_lib
+from agentic_grpo import train
+from agentic_grpo.agent import sandbox
+from agentic_grpo.train import metrics as metrics_lib
+from experiments import tiny_codegen
+
+
+def _micro(**log) -> config_lib.TrainConfig:
+  c = tiny_codegen.get_config()
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64,
+                 max_seq_len=256)
+  c.task.eval_size = 2
+  c.workflow.max_new_tokens = 12
+  c.rl.update(tasks_per_batch=1, group_size=2, rows_per_update=4, buckets=(128,),
+              batches_in_flight=2, num_steps=3)
+  c.warmstart.update(steps=1, batch_size=4, seq_len=128)
+  c.eval.update(every=0, num_samples=0)
+  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
+  c.checkpoint.every = 0
+  c.log.update(progress_bar=False, **log)
+  c.mesh.data = 1
+  return config_lib.from_config_dict(c)
+
+
+def _rows(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class TranscriptsTest(absltest.TestCase):
+
+  def test_a_run_writes_transcripts_every_n_updates(self):
+    workdir = self.create_tempdir().full_path
+    cfg = _micro(transcripts_every=1, transcripts=2)
+    with sandbox.SandboxPool(max_workers=2) as pool:
+      result = train.run(cfg, workdir, pool=pool)
+    rows = _rows(os.path.join(workdir, "transcripts.jsonl"))
+    self.assertNotEmpty(rows)
+    steps = sorted({r["step"] for r in rows})
+    self.assertLessEqual(steps[-1], result["step"])
+    self.assertGreater(steps[0], cfg.warmstart.steps)  # RL updates only
+    for r in rows:
+      self.assertContainsSubset({"task_id", "prompt", "stages", "final_reward", "tests_passed",
+                                 "num_tests", "policy_version"}, r)
+      self.assertNotEmpty(r["prompt"])
+      self.assertEqual([s["stage"] for s in r["stages"]], list(cfg.workflow.stages))
+      for s in r["stages"]:
+        self.assertIsInstance(s["output"], str)
+        self.assertBetween(s["reward"], 0.0, 1.0)
+      self.assertBetween(r["final_reward"], 0.0, 1.0)
+      self.assertBetween(r["tests_passed"], 0, r["num_tests"])
+    self.assertTrue(all(sum(r["step"] == s for r in rows) <= 2 for s in steps))
+    events = b"".join(open(os.path.join(workdir, "tb", n), "rb").read()
+                      for n in os.listdir(os.path.join(workdir, "tb")))
+    self.assertIn(b"transcripts", events)
+
+  def test_off_by_default(self):
+    self.assertEqual(config_lib.TrainConfig().log.transcripts_every, 0)
+    with self.assertRaisesRegex(ValueError, "config.log.transcripts_every must be >= 0"):
+      config_lib.from_config_dict({"log": {"transcripts_every": -1}})
+
+  def test_writer_keeps_no_transcript_past_the_restored_step_and_renders_markdown(self):
+    workdir = self.create_tempdir().full_path
+    cfg = config_lib.from_config_dict({"log": {"progress_bar": False, "tensorboard": False}})
+    t = {"task_id": "t/1", "prompt": "f(x)->?", "stages": [
+        {"stage": "code", "output": "```def f(x): return x```", "reward": 1.0, "parsed": True,
+         "valid": True}], "final_reward": 1.0, "tests_passed": 3, "num_tests": 3,
+         "policy_version": 4}
+    writer = metrics_lib.MetricsWriter(workdir, cfg, 10, 0)
+    writer.write_transcripts(3, [t])
+    writer.write_transcripts(5, [t, t])
+    writer.write_transcripts(6, [])
+    writer.close()
+    self.assertEqual([r["step"] for r in _rows(os.path.join(workdir, "transcripts.jsonl"))],
+                     [3, 5, 5])
+    metrics_lib.MetricsWriter(workdir, cfg, 10, 4).close()  # resumed at step 4
+    self.assertEqual([r["step"] for r in _rows(os.path.join(workdir, "transcripts.jsonl"))],
+                     [3])
+    text = metrics_lib.transcript_markdown({"step": 3, **t})
+    self.assertIn("**t/1**", text)
+    self.assertIn("*code* output (reward 1.0, parsed True, counted True):", text)
+    self.assertIn("hidden tests passed 3/3", text)
+    self.assertNotIn("```def", text)  # a fence inside an output cannot close the block
+
+
+if __name__ == "__main__":
+  absltest.main()
