@@ -31,7 +31,10 @@ _EXTRAS = {
         "ipykernel>=6.29",
         "nbformat>=5.10",
         "hypothesis>=6.100",
+        "wandb>=0.18",  # the W&B writer's offline test
     ],
+    # Weights & Biases beside TensorBoard (config.log.wandb).
+    "wandb": ["wandb>=0.18"],
     # Only for regenerating reference fixtures and for benchmarks; the test
     # suite never imports torch.
     "hf": [

@@ -71,7 +71,8 @@ MAY_CHANGE = frozenset({
     "eval.headroom_tasks", "eval.headroom_train_tasks",
     "checkpoint.every", "checkpoint.max_to_keep", "checkpoint.keep_warmstart",
     "log.every", "log.tensorboard", "log.progress_bar", "log.plot",
-    "log.transcripts_every", "log.transcripts",
+    "log.transcripts_every", "log.transcripts", "log.wandb", "log.wandb_project",
+    "log.wandb_mode",
     "mesh.logical_axis_rules", "mesh.collective_timeout_s",
 })
 

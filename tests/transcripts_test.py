@@ -1,11 +1,17 @@
-"""Sample transcripts of a run (`log.transcripts_every`): transcripts.jsonl and TensorBoard text."""
+"""Sample transcripts of a run (`log.transcripts_every`): transcripts.jsonl and TensorBoard text;
+the Weights & Biases writer (`log.wandb`), run offline."""
 
+import glob
 import json
 import os
+import sys
+import types
+from unittest import mock
 
 from absl.testing import absltest
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
 from agentic_grpo import train
 from agentic_grpo.agent import sandbox
 from agentic_grpo.train import metrics as metrics_lib
@@ -88,6 +94,70 @@ class TranscriptsTest(absltest.TestCase):
     self.assertIn("*code* output (reward 1.0, parsed True, counted True):", text)
     self.assertIn("hidden tests passed 3/3", text)
     self.assertNotIn("```def", text)  # a fence inside an output cannot close the block
+
+
+_TRANSCRIPT = {"task_id": "t/1", "prompt": "f(x)->?", "stages": [
+    {"stage": "code", "output": "return x", "reward": 1.0, "parsed": True, "valid": True}],
+               "final_reward": 1.0, "tests_passed": 3, "num_tests": 3, "policy_version": 4}
+
+
+class WandbTest(absltest.TestCase):
+
+  def _cfg(self, **log):
+    return config_lib.from_config_dict({"log": {"progress_bar": False, "tensorboard": False,
+                                                "wandb": True, **log}})
+
+  def test_offline_run_beside_the_metrics(self):
+    workdir = self.create_tempdir().full_path
+    with mock.patch.dict(os.environ, {"WANDB_SILENT": "true", "WANDB_DIR": workdir}):
+      writer = metrics_lib.MetricsWriter(workdir, self._cfg(wandb_mode="offline"), 10, 0)
+      writer.write({"step": 1, "phase": "rl", "eval/pass_at_1": 0.25, "loss/kl": float("nan")})
+      writer.write_transcripts(1, [_TRANSCRIPT])
+      writer.close()
+    runs = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))
+    self.assertLen(runs, 1)
+    with open(runs[0], "rb") as f:
+      data = f.read()
+    self.assertIn(b"eval/pass_at_1", data)
+    self.assertIn(b"transcripts", data)
+    self.assertTrue(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "files", "media",
+                                           "html", "transcripts_1_*.html")))
+
+  def test_rows_go_at_their_step_and_the_id_follows_the_workdir(self):
+    calls = []
+
+    class Run:
+      def log(self, values, step):
+        calls.append((values, step))
+
+      def finish(self):
+        calls.append("finish")
+
+    fake = types.SimpleNamespace(Html=lambda text: ("html", text), inits=[])
+    fake.init = lambda **kw: (fake.inits.append(kw), Run())[1]
+    workdir = self.create_tempdir().full_path
+    with mock.patch.dict(sys.modules, {"wandb": fake}):
+      writer = metrics_lib.MetricsWriter(workdir, self._cfg(wandb_project="p"), 10, 0)
+      writer.write({"step": 2, "phase": "rl", "reward/final": 0.5, "flag": True,
+                    "loss/kl": float("inf")})
+      writer.write_transcripts(2, [_TRANSCRIPT])
+      writer.close()
+      metrics_lib.MetricsWriter(workdir, self._cfg(wandb_project="p"), 10, 2).close()
+    self.assertEqual(calls[0], ({"reward/final": 0.5}, 2))
+    self.assertEqual(calls[1][1], 2)
+    self.assertIn("hidden tests passed 3/3", calls[1][0]["transcripts"][1])
+    self.assertEqual(calls[2], "finish")
+    first, resumed = fake.inits
+    self.assertEqual((first["project"], first["resume"], first["mode"]), ("p", "allow", None))
+    self.assertEqual(first["id"], resumed["id"])  # a resume continues the same W&B run
+    self.assertEqual(first["config"]["log"]["wandb"], True)
+
+  def test_without_the_package_an_input_error(self):
+    with mock.patch.dict(sys.modules, {"wandb": None}):
+      with self.assertRaisesRegex(errors.InputError, "config.log.wandb=True needs the wandb"):
+        metrics_lib.MetricsWriter(self.create_tempdir().full_path, self._cfg(), 10, 0)
+    with self.assertRaisesRegex(ValueError, "config.log.wandb_mode"):
+      self._cfg(wandb_mode="cloud")
 
 
 if __name__ == "__main__":

@@ -140,6 +140,11 @@ class LogSection:
       0 = never.
     transcripts: episodes per transcript write (the first ones of the batch: whole groups
       first).
+    wandb: also log every metrics row (and the transcripts) to Weights & Biases, beside
+      TensorBoard (needs the `wandb` package: the `wandb` extra); process 0 only.
+    wandb_project: the W&B project.
+    wandb_mode: `online`, `offline` (written under workdir/wandb, to `wandb sync` later) or ''
+      (W&B's own choice: the `WANDB_MODE` environment variable, else online).
   """
   every: int = 1
   tensorboard: bool = True
@@ -147,6 +152,9 @@ class LogSection:
   plot: bool = True
   transcripts_every: int = 0
   transcripts: int = 2
+  wandb: bool = False
+  wandb_project: str = "agentic_grpo"
+  wandb_mode: str = ""
 
   def validate(self, path: str) -> None:
     checks.check(self.every >= 1, f"{path}.every", "must be >= 1", self.every)
@@ -154,6 +162,9 @@ class LogSection:
                  self.transcripts_every)
     checks.check(self.transcripts >= 1, f"{path}.transcripts", "must be >= 1",
                  self.transcripts)
+    checks.choice(f"{path}.wandb_mode", self.wandb_mode, ("", "online", "offline"))
+    checks.check(bool(self.wandb_project), f"{path}.wandb_project", "must not be empty",
+                 self.wandb_project)
 
 
 @dataclasses.dataclass(frozen=True)

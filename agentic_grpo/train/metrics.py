@@ -1,5 +1,6 @@
-"""Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, progress bar, sample
-transcripts in transcripts.jsonl every `log.transcripts_every` updates), the learning
+"""Metrics of a run: `MetricsWriter` (metrics.jsonl, TensorBoard, optionally Weights & Biases
+(`WandbWriter`, `log.wandb`), progress bar, sample transcripts in transcripts.jsonl every
+`log.transcripts_every` updates), the learning
 curve plot, the RL row assembled from every process's numbers (`rl_row`), and the headline
 numbers of a finished run (`run_summary`, printed by `launch/train.py`).
 
@@ -59,6 +60,8 @@ the previous row:
 """
 
 import collections
+import hashlib
+import html
 import io
 import json
 import math
@@ -71,6 +74,7 @@ from etils import epath
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import errors
 from agentic_grpo import parallel
 
 # Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
@@ -78,6 +82,53 @@ _TAG = re.compile(r"[-\w./]+")
 # Running totals of the replay, logged as `replay/total_<name>`.
 REPLAY_TOTALS = ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
                  "sign_reversals", "evicted_segments", "provisional_items", "correction_items")
+
+
+class WandbWriter:
+  """Weights & Biases beside TensorBoard (`log.wandb`): every numeric key of a row as the same
+  name at the row's `step`, transcripts as HTML (`transcript_markdown` in a `<pre>`).
+
+  The W&B run's id is derived from the workdir, so that a resumed run continues its W&B run
+  (`resume="allow"`; rows W&B already holds for steps past the restored checkpoint are not
+  replaced: W&B keeps its steps increasing). A local workdir holds the W&B files under
+  `workdir/wandb` (offline: `wandb sync workdir/wandb/offline-run-*` uploads them).
+
+  Raises (on construction):
+    errors.InputError: the `wandb` package is not installed.
+  """
+
+  def __init__(self, workdir: str, cfg: config_lib.TrainConfig):
+    try:
+      import wandb  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise errors.InputError("config.log.wandb=True needs the wandb package: pip install "
+                              "wandb (the wandb extra), or set --config.log.wandb=False") from None
+    self._wandb = wandb
+    local = "://" not in str(workdir)
+    name = os.path.basename(os.path.normpath(str(workdir))) or "run"
+    run_id = hashlib.sha256(os.path.abspath(str(workdir)).encode()
+                            if local else str(workdir).encode()).hexdigest()[:16]
+    if local:
+      os.makedirs(workdir, exist_ok=True)
+    self.run = wandb.init(project=cfg.log.wandb_project, name=name, id=run_id, resume="allow",
+                          dir=str(workdir) if local else None,
+                          mode=cfg.log.wandb_mode or None, config=config_lib.to_dict(cfg))
+
+  def log(self, row: dict[str, Any]) -> None:
+    """The numeric, finite keys of `row` (`step` required) at its step."""
+    values = {k: v for k, v in row.items()
+              if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+              and math.isfinite(v)}
+    if values:
+      self.run.log(values, step=int(row["step"]))
+
+  def log_transcripts(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+    text = "\n\n---\n\n".join(map(transcript_markdown, rows))
+    self.run.log({"transcripts": self._wandb.Html(f"<pre>{html.escape(text)}</pre>")},
+                 step=int(step))
+
+  def close(self) -> None:
+    self.run.finish()
 
 
 class MetricsWriter:
@@ -106,7 +157,7 @@ class MetricsWriter:
           row = json.loads(line)
           if row.get("step", 0) <= resume_step:
             self.history.append(row)
-    self._file = self._tb = self._bar = None
+    self._file = self._tb = self._bar = self._wandb = None
     if not self.primary:
       return
     self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
@@ -115,6 +166,7 @@ class MetricsWriter:
     if cfg.log.tensorboard and self.local:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+    self._wandb = WandbWriter(workdir, cfg) if cfg.log.wandb else None
     if cfg.log.progress_bar:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
@@ -144,6 +196,8 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.add_text("transcripts", "\n\n---\n\n".join(map(transcript_markdown, rows)),
                         int(step))
+    if self._wandb is not None:
+      self._wandb.log_transcripts(step, rows)
 
   def write(self, row: dict[str, Any]) -> None:
     """Appends one metrics row (`step` required) to every output.
@@ -174,6 +228,8 @@ class MetricsWriter:
       for k, v in row.items():
         if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
           self._tb.add_scalar(k, v, row["step"])
+    if self._wandb is not None:
+      self._wandb.log(row)
 
   def progress(self, step: int, phase: str, loss: Optional[float] = None) -> None:
     if self._bar is None:
@@ -192,6 +248,9 @@ class MetricsWriter:
       self._file.close()
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
     if self._bar is not None:
       self._bar.close()
 
