@@ -53,6 +53,20 @@ class ExportRunTest(parameterized.TestCase):
     ckpt.close()
     return workdir, state
 
+  def test_restore_params_loads_a_runs_checkpoint_into_a_model_as_documented(self):
+    workdir, state = self._run("float32")
+    # The docstring's example (and docs/smoke_test.md's).
+    cfg, source, step, params = exporting.restore_params(workdir)
+    graphdef, _ = transformer.abstract_model(source.model_config)
+    ids = source.tokenizer.encode("print(1)")
+    logits, _ = transformer.apply(graphdef, params, jnp.asarray([ids]),
+                                  jnp.arange(len(ids))[None])
+    self.assertEqual((cfg.model.preset, step), ("tiny", 1))
+    self.assertEqual(logits.shape, (1, len(ids), source.model_config.vocab_size))
+    self.assertEqual(logits.dtype, jnp.float32)
+    for a, b in zip(_leaves(params), _leaves(state.params)):
+      np.testing.assert_array_equal(a, b)
+
   def test_bfloat16_run_exports_its_parameters_or_its_float32_master(self):
     workdir, state = self._run("bfloat16")
     self.assertIsNotNone(state.master)
