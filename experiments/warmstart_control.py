@@ -434,6 +434,10 @@ def _train(run: str, out: str, p: Plan, cfg: config_lib.TrainConfig, pool,
                        f"{p.control_step}")
 
 
+# The program's flags (`flags.FlagHolder`s), set by `define_flags`.
+_RUN = _OUT = _STEPS = _SCHEDULE = None
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
@@ -447,15 +451,28 @@ def main(argv: Sequence[str]) -> None:
   print(f"written: {os.path.join(result['out'], REPORT)}", flush=True)
 
 
-if __name__ == "__main__":
-  # Flags only when run as a program: tests and other modules import this one next to
-  # programs that define the same flag names (tests/launch_imports_test.py).
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the program's flags (`--run`, `--out`, `--steps`, `--schedule`) on `flag_values`.
+
+  Called when the module runs as a program, not on import: tests and other modules import this
+  one next to programs that define the same flag names (tests/launch_imports_test.py). A test
+  passes its own `flags.FlagValues()` and parses it before calling `main`.
+  """
+  global _RUN, _OUT, _STEPS, _SCHEDULE  # pylint: disable=global-statement
   _RUN = flags.DEFINE_string("run", None, "Workdir of a finished run (config.json, "
-                             "metrics.jsonl, the warm-start's kept checkpoint).")
-  _OUT = flags.DEFINE_string("out", None, f"The control's directory (default: RUN/{OUT_NAME}).")
+                             "metrics.jsonl, the warm-start's kept checkpoint).",
+                             flag_values=flag_values)
+  _OUT = flags.DEFINE_string("out", None, f"The control's directory (default: RUN/{OUT_NAME}).",
+                             flag_values=flag_values)
   _STEPS = flags.DEFINE_integer("steps", None, "More warm-start steps (default: the RL phase's "
-                                "seconds over the warm-start's seconds per step).")
+                                "seconds over the warm-start's seconds per step).",
+                                flag_values=flag_values)
   _SCHEDULE = flags.DEFINE_enum("schedule", "final", SCHEDULES, "The control's learning rate: "
                                 "'final' (the warm-start's final rate, constant) or 'stretched' "
-                                "(its schedule over warmstart.steps + N, continued).")
+                                "(its schedule over warmstart.steps + N, continued).",
+                                flag_values=flag_values)
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main)

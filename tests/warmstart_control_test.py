@@ -11,8 +11,8 @@ import shutil
 import tempfile
 from unittest import mock
 
+from absl import flags
 from absl.testing import absltest
-from absl.testing import flagsaver
 
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
@@ -205,8 +205,10 @@ class WarmstartControlTest(absltest.TestCase):
                        saved)
       with self.assertRaisesRegex(control.ControlError, "another --out"):
         self._control(steps=3)
-      with flagsaver.flagsaver(run=self.run_dir, steps=2), \
-           contextlib.redirect_stdout(io.StringIO()) as printed:
+      flag_values = flags.FlagValues()  # the program's flags, apart from the test process's
+      control.define_flags(flag_values)
+      flag_values(["warmstart_control", f"--run={self.run_dir}", "--steps=2"])
+      with contextlib.redirect_stdout(io.StringIO()) as printed:
         control.main(["warmstart_control"])
     self.assertIn(table, printed.getvalue())
 
