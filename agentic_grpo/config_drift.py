@@ -29,7 +29,7 @@ FIXED = frozenset({
     "task.source", "task.seed", "task.depths", "task.string_prob", "task.ambiguity_target",
     "task.num_public", "task.num_hidden", "task.split_by", "task.train_size", "task.eval_split",
     "task.path", "task.heldout_fraction", "task.split_seed", "task.stdio_layout",
-    "task.check_references", "task.tfds_name",
+    "task.check_references", "task.float_tolerance", "task.tfds_name",
     "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
     "workflow.reward_mode", "workflow.reference_fix_fraction",
     "workflow.reference_error_rate", "workflow.num_agent_tests",

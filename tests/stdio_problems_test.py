@@ -377,6 +377,36 @@ class FloatAnswersTest(parameterized.TestCase):
       task_lib.StdioSpec(**stdio_problems.comparison(layout))  # valid judge settings
 
 
+class LoadSummaryTest(absltest.TestCase):
+
+  def test_summary_counts_dropped_rows_by_cause(self):
+    rows = [codecontests_row(name=f"p{i}") for i in range(4)] + [
+        apps_row(input_output=json.dumps({"fn_name": "f", "inputs": [], "outputs": []})),
+        codecontests_row(name="bad", abs_tol=-1), apps_row(problem_id=7, solution="print(0)")]
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    wrong = lambda tasks: ["1/3 passed (wrong_answer)" if "print(0)" in t.reference_solution
+                           else None for t in tasks]
+    with self.assertLogs(level="WARNING") as logs:
+      tasks = stdio_problems.load_stdio(path, on_error="skip", check=wrong)
+    self.assertLen(tasks, 4)
+    [line] = [m for m in logs.output if "loaded" in m]
+    self.assertIn("loaded 4 of 7 row(s); dropped 3: ", line)
+    self.assertIn("1 whose reference fails its own tests (field 'solutions'; first: row 7, "
+                  "1/3 passed (wrong_answer))", line)
+    self.assertIn("1 malformed (field 'input_output'; first: row 5, a call-based problem", line)
+    self.assertIn("1 malformed (field 'abs_tol'; first: row 6,", line)
+
+  def test_summary_of_a_clean_load(self):
+    self.assertEqual(loading.load_summary("p.jsonl", 3, []), "p.jsonl: loaded 3 of 3 row(s); "
+                     "dropped none")
+    err = loading.RowError("p.jsonl", 2, None, "not JSON (x at column 1)")
+    self.assertEqual(loading.load_summary("p.jsonl", 1, [err]),
+                     "p.jsonl: loaded 1 of 2 row(s); dropped 1: 1 malformed (the row; first: "
+                     "row 2, not JSON (x at column 1))")
+
+
 class JudgedTest(absltest.TestCase):
   """Reference checks and the workflow's stages on stdio tasks, in a real sandbox."""
 
@@ -428,6 +458,22 @@ class JudgedTest(absltest.TestCase):
                                       float_tolerance=0.0)
     self.assertEqual([t.task_id for t in exact], ["codecontests/sum"])
     self.assertEqual([(e.row, e.field) for e in errors], [(1, "solutions"), (2, "solutions")])
+
+  def test_config_float_tolerance_reaches_the_source(self):
+    path = os.path.join(self.create_tempdir().full_path, "p.jsonl")
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in float_rows() + [
+          codecontests_row(name=f"p{i}") for i in range(5)])
+    load = lambda **kw: sources.TASK_SOURCES.get("stdio")(config_lib.TaskSection(
+        source="stdio", path=path, heldout_fraction=0.5, **kw))
+    kept = load()
+    self.assertLen(kept.train + kept.heldout, 8)  # the layouts' own comparison
+    exact = load(float_tolerance=0.0)  # exact numbers: the float references fail
+    ids = {t.task_id for t in exact.train + exact.heldout}
+    self.assertLen(ids, 6)
+    self.assertFalse(ids & {"codecontests/half", "apps/half2"})
+    with self.assertRaisesRegex(ValueError, "config.task.float_tolerance must be finite"):
+      config_lib.TaskSection(float_tolerance=float("nan")).validate("task")
 
   def test_source_registry_splits_and_checks(self):
     rows = [codecontests_row(name=f"p{i}") for i in range(8)] + [

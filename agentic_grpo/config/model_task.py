@@ -1,6 +1,7 @@
 """Config sections of what is trained on what: the policy model and the task source."""
 
 import dataclasses
+import math
 
 from agentic_grpo.config import checks
 from agentic_grpo.models import sources as model_sources
@@ -112,6 +113,12 @@ class TaskSection:
       `codecontests`, `apps`, `taco`, `livecodebench` (`tasks.stdio_problems`).
     check_references: finite sources: run each reference solution on its own tests in the
       sandbox at load time and skip (or raise for) a problem it fails.
+    float_tolerance: `stdio` source: < 0 (the default) judges each layout's outputs as its own
+      harness does (CodeContests: numbers within an absolute 1e-5, case ignored; APPS and
+      TACO: `numpy.allclose`'s relative 1e-5 plus absolute 1e-8; LiveCodeBench: numbers by
+      exact value: `tasks.stdio_problems.LAYOUT_COMPARISON`); >= 0 replaces that tolerance by
+      this absolute and relative one for every row (0: number tokens exact). A row's own
+      `abs_tol` / `rel_tol` / `float_tolerance` fields win.
     tfds_name: `tfds` source: the prepared data set (`synthetic_coding/tiny`) in `path`.
   """
   source: str = "synthetic"
@@ -131,6 +138,7 @@ class TaskSection:
   on_error: str = "skip"
   stdio_layout: str = "auto"
   check_references: bool = True
+  float_tolerance: float = -1.0
   tfds_name: str = ""
 
   def validate(self, path: str) -> None:
@@ -155,5 +163,12 @@ class TaskSection:
     checks.check(self.source not in ("mbpp", "jsonl", "stdio", "tfds") or bool(self.path),
                  f"{path}.path", f"must name the data file of source {self.source!r}", self.path)
     checks.choice(f"{path}.stdio_layout", self.stdio_layout, stdio_problems.STDIO_LAYOUTS)
+    checks.check(math.isfinite(self.float_tolerance), f"{path}.float_tolerance",
+                 "must be finite (< 0: each layout's own comparison)", self.float_tolerance)
     checks.check(self.source != "tfds" or bool(self.tfds_name), f"{path}.tfds_name",
                  "must name the data set of source 'tfds'", self.tfds_name)
+
+  def stdio_float_tolerance(self) -> float | None:
+    """`float_tolerance` as `tasks.stdio_problems.load_stdio` takes it: None (< 0: each
+    layout's own comparison) or the tolerance."""
+    return None if self.float_tolerance < 0 else float(self.float_tolerance)

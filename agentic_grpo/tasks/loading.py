@@ -22,7 +22,8 @@ class RowError(errors.InputError):
   mistake: `errors.InputError`, a ValueError)."""
 
   def __init__(self, path: str, row: int, field: Optional[str], message: str):
-    self.path, self.row, self.field = path, row, field
+    self.path, self.row, self.field, self.message = path, row, field, message
+    self.checked = False  # rejected by a load-time check (a reference failing its tests)
     where = f"{path}: row {row}" + (f", field {field!r}" if field else "")
     super().__init__(f"{where}: {message}")
 
@@ -118,14 +119,14 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
     OSError: if `path` cannot be opened.
   """
   check_on_error(on_error)
-  tasks, rows, skipped = [], [], 0
+  tasks, rows, dropped = [], [], []
   first_row: dict[str, int] = {}
 
-  def reject(err: RowError, cause: Optional[Exception]) -> None:
-    nonlocal skipped
+  def reject(err: RowError, cause: Optional[Exception], checked: bool = False) -> None:
     if on_error == "raise":
       raise err from cause
-    skipped += 1
+    err.checked = checked
+    dropped.append(err)
     logging.warning("skipping malformed row: %s", err)
     if errors is not None:
       errors.append(err)
@@ -156,11 +157,44 @@ def load_rows(path: str, convert: Callable[[dict, int], task_lib.Task], on_error
       if reason is None:
         kept.append(task)
       else:
-        reject(RowError(str(path), row, check_field, reason), None)
+        reject(RowError(str(path), row, check_field, reason), None, checked=True)
     tasks = kept
-  if skipped:
-    logging.warning("%s: skipped %d malformed row(s), loaded %d", path, skipped, len(tasks))
+  if dropped:
+    logging.warning("%s", load_summary(str(path), len(tasks), dropped))
+  else:
+    logging.info("%s", load_summary(str(path), len(tasks), dropped))
   return tasks
+
+
+def load_summary(path: str, loaded: int, dropped: Sequence[RowError]) -> str:
+  """One line saying how many rows of `path` were loaded and dropped, and why.
+
+  Dropped rows are counted by cause: a reference solution failing its own tests (rows the load
+  check rejected: `RowError.checked`), else the field that was malformed (`row` when no field
+  is known); each cause names its first row and message. E.g. `p.jsonl: loaded 8 of 10 rows;
+  dropped 2: 1 whose reference fails its own tests (field 'solutions'; first: row 3, ...), 1
+  malformed (field 'input_output'; first: row 7, ...)`.
+
+  Args:
+    path: the file.
+    loaded: tasks kept.
+    dropped: the `RowError`s of the rows dropped.
+  """
+  causes: dict[tuple[bool, Optional[str]], list[RowError]] = {}
+  for err in dropped:
+    causes.setdefault((err.checked, err.field), []).append(err)
+  total = loaded + len(dropped)
+  line = f"{path}: loaded {loaded} of {total} row(s)"
+  if not dropped:
+    return line + "; dropped none"
+  parts = []
+  for (checked, field), errs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+    what = "whose reference fails its own tests" if checked else "malformed"
+    where = f"field {field!r}" if field else "the row"
+    first = errs[0]
+    message = first.message if len(first.message) <= 120 else first.message[:120] + "..."
+    parts.append(f"{len(errs)} {what} ({where}; first: row {first.row}, {message})")
+  return f"{line}; dropped {len(dropped)}: " + ", ".join(parts)
 
 
 def require(d: dict, key: str, kind: type, path: str, row: int) -> Any:

@@ -184,7 +184,8 @@ def jsonl_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTask
 @TASK_SOURCES.register("stdio")
 def stdio_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
   """Competitive-programming problems (JSONL at `task.path`, layout `task.stdio_layout`:
-  `tasks.stdio_problems`), judged on stdin/stdout, split.
+  `tasks.stdio_problems`), judged on stdin/stdout with each layout's output comparison (or
+  `task.float_tolerance`), split.
 
   Raises:
     ValueError: without `task.path`, one missing or a directory, for an unknown layout, no
@@ -196,7 +197,8 @@ def stdio_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTask
   errors = []
   tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout, on_error=section.on_error,
                                     errors=errors,
-                                    check=_reference_check(section, sandbox_section))
+                                    check=_reference_check(section, sandbox_section),
+                                    float_tolerance=section.stdio_float_tolerance())
   return _finite(section, tasks, "stdio", errors)
 
 
