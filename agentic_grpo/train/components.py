@@ -53,17 +53,56 @@ class Components:
   # This process's shares of the headroom's held-out and training tasks (`headroom_sizes`).
   headroom_tasks: list = dataclasses.field(default_factory=list)
   headroom_train_tasks: list = dataclasses.field(default_factory=list)
+  # Held-out tasks evaluated over all processes (`eval_count`): `task.eval_size`, or the
+  # held-out split's size when it is smaller (each task once); 0: `task.eval_size`.
+  eval_total: int = 0
+  # `(held-out, training)` headroom task counts over all processes (`headroom_sizes`).
+  headroom_totals: tuple = (0, 0)
+
+  @property
+  def eval_count(self) -> int:
+    """Distinct held-out tasks evaluated over all processes (`eval_count`)."""
+    return self.eval_total or self.cfg.task.eval_size
 
 
-def headroom_sizes(cfg: config_lib.TrainConfig) -> tuple[int, int]:
+def split_size(tasks: Any, split: str) -> Optional[int]:
+  """Tasks in `split` of a finite source (one with `size(split)`), None for an endless one."""
+  size = getattr(tasks, "size", None)
+  return None if size is None else int(size(split))
+
+
+def eval_count(cfg: config_lib.TrainConfig, tasks: Any) -> int:
+  """Held-out tasks an evaluation scores: `task.eval_size`, or all of the held-out split when it
+  has fewer (a finite source cycles its split: each task is evaluated once, never repeated, so
+  that pass@1, its standard error and the paired gain are over distinct tasks).
+
+  Logs a warning saying so when the split is smaller than asked.
+  """
+  asked = cfg.task.eval_size
+  have = split_size(tasks, cfg.task.eval_split)
+  if have is None or have >= asked:
+    return asked
+  logging.warning("the held-out split (%s) has %d task(s), fewer than task.eval_size=%d: each "
+                  "is evaluated once (%d held-out tasks; standard errors and paired gains over "
+                  "those)", cfg.task.eval_split, have, asked, have)
+  return have
+
+
+def headroom_sizes(cfg: config_lib.TrainConfig, tasks: Any = None) -> tuple[int, int]:
   """`(held-out, training)` task counts of the headroom evaluation (`config.EvalSection`):
   `eval.headroom_tasks` capped at `task.eval_size`; `eval.headroom_train_tasks` capped at
   that (the training figure is read against the held-out one and needs no more tasks) and at
-  `task.train_size` when the training pool is finite."""
+  `task.train_size` when the training pool is finite. Given the task source `tasks`, also
+  capped at the sizes of a finite source's splits (each task counted once)."""
   heldout = min(cfg.eval.headroom_tasks, cfg.task.eval_size)
   train = min(cfg.eval.headroom_train_tasks, heldout)
   if cfg.task.train_size:
     train = min(train, cfg.task.train_size)
+  if tasks is not None:
+    for_heldout, for_train = (split_size(tasks, cfg.task.eval_split),
+                              split_size(tasks, "train"))
+    heldout = heldout if for_heldout is None else min(heldout, for_heldout)
+    train = train if for_train is None else min(train, for_train)
   return heldout, train
 
 
@@ -87,7 +126,8 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   """
   model = device_lib.build_model(cfg)
   tasks = task_source(cfg)
-  share = parallel.process_slice(cfg.task.eval_size)
+  total = eval_count(cfg, tasks)
+  share = parallel.process_slice(total)
   eval_tasks = [tasks.task(cfg.task.eval_split, i) for i in range(share.start, share.stop)]
   pool = pool if pool is not None else sandbox_pool(cfg)
   cls = workflow_factory or workflow_lib.Workflow
@@ -98,13 +138,14 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
   if hasattr(probe.prompt_format, "prefix_message"):
     logging.info("prompt format %r: %s", cfg.workflow.prompt_format,
                  probe.prompt_format.prefix_message())
-  heldout, train = headroom_sizes(cfg)
+  heldout, train = headroom_sizes(cfg, tasks)
   own = lambda split, n: [tasks.task(split, i) for i in range(n)[parallel.process_slice(n)]]
   comp = Components(cfg, model.tokenizer, model.model_config, model.graphdef, tasks, eval_tasks,
                     pool, factory, make, probe.num_stages, probe.stage_names,
                     model.mesh, model.sharded_model, model.shardings,
                     coordination.make_coordinator(), model.source,
-                    own(cfg.task.eval_split, heldout), own("train", train))
+                    own(cfg.task.eval_split, heldout), own("train", train), total,
+                    (heldout, train))
   check_prompt_lengths(comp)
   return comp
 

@@ -238,7 +238,8 @@ def _agent(comp: components_lib.Components) -> loop_lib.AgentLoop:
 def _record(comp, workdir, step, source, metrics, passed) -> dict[str, Any]:
   """The JSON record of one evaluation: what was evaluated, how, and every number."""
   cfg = comp.cfg
-  ids = [comp.tasks.task(cfg.task.eval_split, i).task_id for i in range(cfg.task.eval_size)]
+  # Each held-out task once: `task.eval_size`, or the whole split when it is smaller.
+  ids = [comp.tasks.task(cfg.task.eval_split, i).task_id for i in range(comp.eval_count)]
   return {"step": int(step), "source": source, "workdir": str(workdir),
           "model": {"source": cfg.model.source, "path": cfg.model.path,
                     "preset": cfg.model.preset},
@@ -288,8 +289,10 @@ def summary(record: dict[str, Any]) -> str:
   m = record["metrics"]
   what = (f"checkpoint {record['step']} of {record['workdir']}" if record["source"] ==
           "checkpoint" else f"{record['model']['path'] or record['model']['preset']} as loaded")
-  line = (f"eval: {what} on {record['task']['eval_size']} held-out {record['task']['source']} "
-          f"tasks: greedy pass@1 {m['eval/pass_at_1']:.3f} ± {m['eval/pass_at_1_stderr']:.3f} "
+  count = len(record.get("task_ids") or []) or record["task"]["eval_size"]
+  fewer = (f" (the whole held-out split, fewer than eval_size={record['task']['eval_size']}: "
+           f"each once)" if count < record["task"]["eval_size"] else "")
+  line = (f"eval: {what} on {count} held-out {record['task']['source']} tasks{fewer}: greedy pass@1 {m['eval/pass_at_1']:.3f} ± {m['eval/pass_at_1_stderr']:.3f} "
           f"s.e., hidden tests {m['eval/hidden_frac']:.3f}")
   if "eval/pass_at_1_gain" in m:
     line += (f", paired gain over the warm-start {m['eval/pass_at_1_gain']:+.3f} ± "

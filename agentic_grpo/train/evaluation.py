@@ -119,7 +119,8 @@ def headroom(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
              workflow_factory: Callable[[], Any]) -> dict[str, float]:
   """What RL can still gain: pass@1 and pass@G of G = `rl.group_size` attempts per task drawn
   as the RL phase draws them (the agent loop's sampler: `rl.temperature`, `rl.top_k`,
-  `rl.top_p`), on `components.headroom_sizes(cfg)` held-out and training tasks.
+  `rl.top_p`), on `components.headroom_sizes(cfg, tasks)` held-out and training tasks (each
+  task once: no more than a finite split holds).
 
   pass@1 is the expected reward of one attempt; pass@G the share of tasks whose group of G
   holds a pass, i.e. (with all-or-nothing rewards) of groups that would carry learning signal
@@ -134,7 +135,8 @@ def headroom(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   """
   cfg = comp.cfg
   g = cfg.rl.group_size
-  heldout, train = components_lib.headroom_sizes(cfg)
+  heldout, train = comp.headroom_totals if any(comp.headroom_totals) else (
+      components_lib.headroom_sizes(cfg, comp.tasks))
   out = {}
   for name, own, total, split, counter in (
       ("heldout", comp.headroom_tasks, heldout, cfg.task.eval_split, _HEADROOM_HELDOUT_RNG),
@@ -155,10 +157,14 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
 
   `params` is the policy to evaluate (`DeviceSide.policy`, an opaque handle).
 
-  Returns `(metrics, passed)`: `passed` is `[task.eval_size]` bool, greedy pass per held-out
+  The held-out tasks are `comp.eval_count` distinct ones: `task.eval_size`, or the whole
+  held-out split when it is smaller (each task once, never repeated: `components.eval_count`).
+
+  Returns `(metrics, passed)`: `passed` is `[comp.eval_count]` bool, greedy pass per held-out
   task (in task order). `metrics` holds `eval/pass_at_1` with its binomial standard error
-  `eval/pass_at_1_stderr`, and, given `baseline` (an earlier `passed`, e.g. the warm-start's),
-  the paired gain over it `eval/pass_at_1_gain` with `eval/pass_at_1_gain_stderr` (`paired_gain`).
+  `eval/pass_at_1_stderr` over those tasks, `eval/num_tasks` (how many), and, given `baseline`
+  (an earlier `passed`, e.g. the warm-start's), the paired gain over it `eval/pass_at_1_gain`
+  with `eval/pass_at_1_gain_stderr` (`paired_gain`).
 
   With `sampled`, also sampled pass@k (`eval.num_samples` per task at `eval.temperature`:
   `eval/pass_at_<k>_sampled`) and the headroom at the RL temperature (`headroom/...`,
@@ -177,8 +183,9 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   factory = lambda: comp.make_workflow(counting, stage_rewards=True,
                                        reward_mode=stages_lib.FRACTION)
   own = len(comp.eval_tasks)
-  tasks = _padded(comp, comp.eval_tasks, cfg.task.eval_size, cfg.task.eval_split)
-  gather = lambda x: comp.coord.gather_task_rows(x, own, cfg.task.eval_size)
+  total = comp.eval_count
+  tasks = _padded(comp, comp.eval_tasks, total, cfg.task.eval_split)
+  gather = lambda x: comp.coord.gather_task_rows(x, own, total)
   final, stages = agent.run_episodes(params, tasks, greedy=True, rng_counter=-1,
                                      workflow_factory=factory)
   final = gather(final)
@@ -187,17 +194,19 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   p1 = float(np.mean(passed))
   out = {"eval/pass_at_1": p1,
          "eval/pass_at_1_stderr": math.sqrt(p1 * (1.0 - p1) / max(len(passed), 1)),
-         "eval/hidden_frac": float(np.mean(final[:, 0]))}
+         "eval/hidden_frac": float(np.mean(final[:, 0])),
+         "eval/num_tasks": float(len(passed))}
   if baseline is not None and len(baseline) != len(passed):
     logging.warning("no paired gain: the warm-start was evaluated on %d held-out tasks, this "
-                    "evaluation on %d (task.eval_size changed?)", len(baseline), len(passed))
+                    "evaluation on %d (task.eval_size or the held-out split changed?)",
+                    len(baseline), len(passed))
   elif baseline is not None and len(passed) > 1:
     out["eval/pass_at_1_gain"], out["eval/pass_at_1_gain_stderr"] = paired_gain(baseline, passed)
   for name, r in stages.items():
     out[f"eval/reward/{name}"] = float(np.mean(r))
   if sampled and cfg.eval.num_samples > 0:
     p = sampled_pass_at_k(
-        comp, agent, params, comp.eval_tasks, cfg.task.eval_size, cfg.task.eval_split,
+        comp, agent, params, comp.eval_tasks, total, cfg.task.eval_split,
         num_samples=cfg.eval.num_samples, ks=cfg.eval.k, rng_counter=_SAMPLED_RNG,
         workflow_factory=factory,
         sample_fn=device_lib.make_sample_fn(comp, cfg.seed, temperature=cfg.eval.temperature))

@@ -15,10 +15,11 @@ Phases (docs/design.md §1, §3):
    as soon as a group completes a stage (before that batch's next stage is sampled) and on
    corrections once the final rewards arrive.
 
-Evaluation on a fixed held-out split (`task.eval_split`, `task.eval_size` tasks): greedy pass@1
-every `eval.every` steps, at the end of the warm-start and at the end; sampled pass@k (Chen et
-al., 2021) and the headroom of RL (pass@1 and pass@G at the RL temperature, held-out and
-training tasks) at the end of the warm-start and at the end (`evaluation.evaluate`).
+Evaluation on a fixed held-out split (`task.eval_split`, `task.eval_size` tasks; a smaller split:
+each of its tasks once): greedy pass@1 every `eval.every` steps, at the end of the warm-start
+and at the end; sampled pass@k (Chen et al., 2021) and the headroom of RL (pass@1 and pass@G
+at the RL temperature, held-out and training tasks) at the end of the warm-start and at the end
+(`evaluation.evaluate`).
 
 Outputs in `workdir`: `metrics.jsonl` (one JSON object per logged step: `step` (global:
 warm-start steps then RL steps), `phase` (`warmstart` | `rl`), losses, rewards per stage, clip
