@@ -21,6 +21,7 @@ import logging as std_logging
 import os
 import re
 import sys
+from typing import Callable
 
 from absl import flags
 from absl import logging
@@ -155,6 +156,24 @@ def reported_errors(hold_logs: bool = False):
   finally:
     if held is not None:
       held.release()
+
+
+def entry_point(body: Callable[["HeldLogs"], None]) -> Callable[[list[str]], None]:
+  """The `main` of an entry point, for `app.run(main, flags_parser=parse_flags)`.
+
+  `main(argv)` refuses positional arguments (exit code CONFIG_ERROR, one line) and runs
+  `body(held)` under `reported_errors(hold_logs=True)`: `body` calls `held.release()` once its
+  startup checks pass.
+
+    main = common_flags.entry_point(_main)  # def _main(held: common_flags.HeldLogs): ...
+  """
+  @functools.wraps(body)
+  def main(argv: list[str]) -> None:
+    with reported_errors(hold_logs=True) as held:
+      if len(argv) > 1:
+        fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+      body(held)
+  return main
 
 
 def parse_flags(argv: list[str]) -> list[str]:

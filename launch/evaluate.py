@@ -82,16 +82,7 @@ def _config(config_given: bool) -> config_lib.TrainConfig:
                                   eval_size=_EVAL_SIZE.value, temperature=_TEMPERATURE.value)
 
 
-def main(argv):
-  # Input mistakes and refusals: one line and their code; the startup's logs are held until
-  # its checks pass.
-  with common_flags.reported_errors(hold_logs=True) as held:
-    _main(argv, held)
-
-
-def _main(argv, held: common_flags.HeldLogs):
-  if len(argv) > 1:
-    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+def _main(held: common_flags.HeldLogs):
   if not _WORKDIR.value:
     common_flags.fail(exit_codes.CONFIG_ERROR, "--workdir is required")
   config_given = common_flags.config_given(sys.argv)
@@ -107,6 +98,11 @@ def _main(argv, held: common_flags.HeldLogs):
   print(eval_only.summary(record), flush=True)
   written = os.path.join(workdir, "eval", f"step_{record['step']}.json")
   print(f"written: {os.path.abspath(written)}", flush=True)
+
+
+# Input mistakes and refusals: one line and their exit code; the startup's logs held until
+# its checks pass (`common_flags.entry_point`).
+main = common_flags.entry_point(_main)
 
 
 if __name__ == "__main__":

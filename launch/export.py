@@ -38,22 +38,18 @@ _MASTER = flags.DEFINE_bool(
     "parameters, in float32, instead of the parameters in their dtype.")
 
 
-def main(argv):
-  # Input mistakes and refusals: one line and their code; the startup's logs are held until
-  # the checkpoint is restored.
-  with common_flags.reported_errors(hold_logs=True) as held:
-    _main(argv, held)
-
-
-def _main(argv, held: common_flags.HeldLogs):
-  if len(argv) > 1:
-    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+def _main(held: common_flags.HeldLogs):
   if not _WORKDIR.value or not _OUT.value:
     common_flags.fail(exit_codes.CONFIG_ERROR, "--workdir and --out are required")
   common_flags.quiet_orbax()
   out = exporting.export_run(_WORKDIR.value, _OUT.value, _STEP.value, master=_MASTER.value,
                              on_start=held.release)
   print(out)
+
+
+# Input mistakes and refusals: one line and their exit code; the startup's logs held until
+# its checks pass (`common_flags.entry_point`).
+main = common_flags.entry_point(_main)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from absl import flags
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
-from agentic_grpo import exit_codes
 from agentic_grpo import judging
 from launch import common_flags
 
@@ -47,15 +46,7 @@ _OUT = flags.DEFINE_string("verdicts", "", "Write the verdicts here as JSONL (''
                            "not).")
 
 
-def main(argv):
-  # Input mistakes: one line and exit code 78; the data's load logs are held until it loads.
-  with common_flags.reported_errors(hold_logs=True) as held:
-    _main(argv, held)
-
-
-def _main(argv, held: common_flags.HeldLogs):
-  if len(argv) > 1:
-    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+def _main(held: common_flags.HeldLogs):
   cfg = config_lib.from_config_dict(_CONFIG.value)
   tasks = judging.load_tasks(cfg, _SPLIT.value)
   if _PROGRAMS.value:
@@ -81,6 +72,11 @@ def _main(argv, held: common_flags.HeldLogs):
     with open(_OUT.value, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(v.to_json()) + "\n" for v in verdicts)
     print(f"written: {_OUT.value}", flush=True)
+
+
+# Input mistakes and refusals: one line and their exit code; the startup's logs held until
+# its checks pass (`common_flags.entry_point`).
+main = common_flags.entry_point(_main)
 
 
 if __name__ == "__main__":

@@ -69,16 +69,7 @@ def _flat(cfg: config_lib.TrainConfig) -> dict:
           for f in config_help.fields()}
 
 
-def main(argv):
-  # Input mistakes and refusals: one line and their code; the startup's logs are held until
-  # its checks pass.
-  with common_flags.reported_errors(hold_logs=True) as held:
-    _main(argv, held)
-
-
-def _main(argv, held: common_flags.HeldLogs):
-  if len(argv) > 1:
-    common_flags.fail(exit_codes.CONFIG_ERROR, f"unexpected arguments {argv[1:]}")
+def _main(held: common_flags.HeldLogs):
   # Checked before anything is printed: an error is one line.
   cfg = config_lib.from_config_dict(_CONFIG.value)
   if _SHOW_CONFIG.value:
@@ -112,6 +103,11 @@ def _main(argv, held: common_flags.HeldLogs):
   print(f"metrics: {os.path.abspath(os.path.join(workdir, 'metrics.jsonl'))}", flush=True)
   if result["incomplete"]:
     common_flags.fail(exit_codes.NO_PROGRESS, result["incomplete"])
+
+
+# Input mistakes and refusals: one line and their exit code; the startup's logs held until
+# its checks pass (`common_flags.entry_point`).
+main = common_flags.entry_point(_main)
 
 
 if __name__ == "__main__":
