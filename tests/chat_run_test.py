@@ -34,25 +34,7 @@ from tests.fixtures import chat_checkpoint
 
 def _stdio_rows() -> list[dict]:
   """Eight small stdin/stdout problems, four in the CodeContests layout and four in APPS'."""
-  two = "a, b = map(int, input().split())\nprint(a {} b)\n"
-  one = "n = int(input())\nprint({})\n"
-  problems = [  # name, statement, reference, [(input, output)]
-      ("sum", "Print a + b.", two.format("+"), [("1 2", "3"), ("5 7", "12"), ("-1 1", "0")]),
-      ("diff", "Print a - b.", two.format("-"), [("3 1", "2"), ("2 9", "-7"), ("0 0", "0")]),
-      ("square", "Print n squared.", one.format("n * n"), [("3", "9"), ("12", "144")]),
-      ("double", "Print 2n.", one.format("2 * n"), [("4", "8"), ("0", "0"), ("-3", "-6")])]
-  rows = []
-  for name, statement, solution, tests in problems:
-    inputs, outputs = [i + "\n" for i, _ in tests], [o + "\n" for _, o in tests]
-    rows.append({"name": name, "description": statement,
-                 "public_tests": {"input": inputs[:1], "output": outputs[:1]},
-                 "private_tests": {"input": inputs[1:], "output": outputs[1:]},
-                 "time_limit": {"seconds": 1, "nanos": 0}, "memory_limit_bytes": 256 * 2**20,
-                 "solutions": {"language": [3], "solution": [solution]}})
-    rows.append({"problem_id": f"{name}2", "question": statement,
-                 "input_output": json.dumps({"inputs": inputs, "outputs": outputs}),
-                 "solutions": json.dumps([solution])})
-  return rows
+  return chat_checkpoint.stdio_rows()
 
 
 class ChatRunTest(parameterized.TestCase):

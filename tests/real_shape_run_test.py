@@ -37,26 +37,8 @@ HALF = "a, b = map(int, input().split())\nprint(f'{a / b:.10f}')\n"
 def _rows() -> list[dict]:
   """Five stdin/stdout problems, each in the CodeContests and the APPS layout; `half` prints
   a float (its tests expect `1.5`, its reference prints `1.5000000000`)."""
-  two = "a, b = map(int, input().split())\nprint(a {} b)\n"
-  one = "n = int(input())\nprint({})\n"
-  problems = [  # name, statement, reference, [(input, output)]
-      ("sum", "Print a + b.", two.format("+"), [("1 2", "3"), ("5 7", "12"), ("-1 1", "0")]),
-      ("diff", "Print a - b.", two.format("-"), [("3 1", "2"), ("2 9", "-7"), ("0 0", "0")]),
-      ("square", "Print n squared.", one.format("n * n"), [("3", "9"), ("12", "144")]),
-      ("double", "Print 2n.", one.format("2 * n"), [("4", "8"), ("0", "0"), ("-3", "-6")]),
-      ("half", "Print a / b.", HALF, [("3 2", "1.5"), ("1 4", "0.25"), ("10 5", "2")])]
-  rows = []
-  for name, statement, solution, tests in problems:
-    inputs, outputs = [i + "\n" for i, _ in tests], [o + "\n" for _, o in tests]
-    rows.append({"name": name, "description": statement,
-                 "public_tests": {"input": inputs[:1], "output": outputs[:1]},
-                 "private_tests": {"input": inputs[1:], "output": outputs[1:]},
-                 "time_limit": {"seconds": 1, "nanos": 0}, "memory_limit_bytes": 256 * 2**20,
-                 "solutions": {"language": [3], "solution": [solution]}})
-    rows.append({"problem_id": f"{name}2", "question": statement,
-                 "input_output": json.dumps({"inputs": inputs, "outputs": outputs}),
-                 "solutions": json.dumps([solution])})
-  return rows
+  half = ("half", "Print a / b.", HALF, [("3 2", "1.5"), ("1 4", "0.25"), ("10 5", "2")])
+  return chat_checkpoint.stdio_rows(chat_checkpoint.STDIO_PROBLEMS + (half,))
 
 
 class _Finite:
