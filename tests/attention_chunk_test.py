@@ -55,7 +55,7 @@ class AttentionChunkTest(parameterized.TestCase):
                                np.where(segment_mask[..., None], logits0, 0),
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(l1, l0, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
   def test_chunked_forward_holds_one_chunk_of_scores(self):

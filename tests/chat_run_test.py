@@ -103,14 +103,15 @@ class ChatRunTest(parameterized.TestCase):
 
       def sample_fn(params, prompts, lengths, counter, greedy):
         tokens, out_len, logprobs = inner(params, prompts, lengths, counter, greedy)
-        for p, n, t, m in zip(prompts, lengths, np.asarray(tokens), np.asarray(out_len)):
+        for p, n, t, m in zip(prompts, lengths, np.asarray(tokens), np.asarray(out_len),
+                              strict=True):
           samples.append((tuple(p[:n].tolist()), tuple(t[:m].tolist())))
         return tokens, out_len, logprobs
       return sample_fn
 
     def recording_add_stage(replay, episode_ids, k, stage_rows, masks, *args):
       rows.extend((e, k, np.asarray(r), np.asarray(m))
-                  for e, r, m in zip(episode_ids, stage_rows, masks))
+                  for e, r, m in zip(episode_ids, stage_rows, masks, strict=True))
       return add_stage(replay, episode_ids, k, stage_rows, masks, *args)
 
     workdir = os.path.join(os.path.dirname(ckpt), "run")

@@ -75,10 +75,11 @@ class HumanEvalConversionTest(absltest.TestCase):
     with sandbox.SandboxPool(2) as pool:
       results = pool.map(good + wrong)
     good_r, wrong_r = results[:164], results[164:]
-    failed = [t.task_id for t, r in zip(tasks, good_r) if r.verdict != sandbox.Verdict.PASSED]
+    failed = [t.task_id for t, r in zip(tasks, good_r, strict=True)
+              if r.verdict != sandbox.Verdict.PASSED]
     self.assertEqual(failed, [])
     self.assertEqual(sum(r.verdict == sandbox.Verdict.PASSED for r in wrong_r), 0)
-    full_programs = [p for p, (_, rest) in zip(good, splits) if rest is None]
+    full_programs = [p for p, (_, rest) in zip(good, splits, strict=True) if rest is None]
     self.assertTrue(all(p.script_test is None for p in full_programs))
 
 

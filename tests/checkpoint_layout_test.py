@@ -53,7 +53,7 @@ class PlanTest(absltest.TestCase):
     self.assertIn("derived state.opt_state.skipped", "\n".join(logs.output))
     self.assertEqual(ck.last_restore_notes, plan.notes)
     self.assertEqual(jax.tree.structure(got), jax.tree.structure(_tree()))
-    for a, b in zip(jax.tree.leaves(_tree()), jax.tree.leaves(got)):
+    for a, b in zip(jax.tree.leaves(_tree()), jax.tree.leaves(got), strict=True):
       np.testing.assert_array_equal(a, b)
       self.assertEqual(np.asarray(a).dtype, np.asarray(b).dtype)
 

@@ -66,7 +66,7 @@ class CheckpointingTest(absltest.TestCase):
     abstract = learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0)
     got_state, got_host, got_meta = ck.restore(None, abstract)
     self.assertEqual(got_meta, meta)
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got_state)):
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got_state), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
       self.assertEqual(np.asarray(a).dtype, np.asarray(b).dtype)
     self.assertEqual(jax.tree.structure(state), jax.tree.structure(got_state))
@@ -89,7 +89,7 @@ class CheckpointingTest(absltest.TestCase):
     got, _, _ = ck.restore(None, abstract,
                            only=checkpointing.state_field("params"))
     self.assertEqual(jax.tree.structure(got["state"].params), jax.tree.structure(params))
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got["state"].params)):
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got["state"].params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
       self.assertEqual(b.dtype, jnp.bfloat16)
     skipped = [got["state"].opt_state, got["state"].master, got["state"].step, got["ref"]]
@@ -260,11 +260,11 @@ class EarlierLayoutTest(parameterized.TestCase):
     got, host, meta = ck.restore(None, abstract, derivations=learner.STATE_DERIVATIONS)
     state = got["state"]
     self.assertEqual(jax.tree.structure(state), jax.tree.structure(abstract["state"]))
-    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params)):
+    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
       self.assertEqual(b.dtype, param_dtype)
     # The moments were saved in the parameters' dtype: read exactly as today's float32.
-    for a, b in zip(jax.tree.leaves(old.opt_state), jax.tree.leaves(state.opt_state)):
+    for a, b in zip(jax.tree.leaves(old.opt_state), jax.tree.leaves(state.opt_state), strict=True):
       np.testing.assert_array_equal(np.asarray(a).astype(np.asarray(b).dtype), np.asarray(b))
     self.assertEqual(int(state.step), 5)
     np.testing.assert_array_equal(np.asarray(state.rng), np.asarray(old.rng))
@@ -274,7 +274,7 @@ class EarlierLayoutTest(parameterized.TestCase):
       self.assertIsNone(state.master)
       self.assertEmpty(ck.last_restore_notes)
       return
-    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master)):
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master), strict=True):
       self.assertEqual(m.dtype, jnp.float32)
       np.testing.assert_array_equal(np.asarray(m), np.asarray(p).astype(np.float32))
     notes = "\n".join(ck.last_restore_notes)
@@ -290,7 +290,7 @@ class EarlierLayoutTest(parameterized.TestCase):
     got, _, _ = checkpointing.Checkpointer(directory).restore(
         None, abstract, derivations=learner.STATE_DERIVATIONS,
         only=checkpointing.state_field("params"))
-    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(got["state"].params)):
+    for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(got["state"].params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     leaves = jax.tree.leaves([got["state"].master, got["state"].opt_state])
     self.assertNotEmpty(leaves)

@@ -95,7 +95,7 @@ class EntropyTest(absltest.TestCase):
     batch = _batch(1)
     before, after_off, _ = self._run(_cfg(0.0), batch)
     # Without the bonus and without advantages there is no gradient: nothing moves.
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after_off)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after_off), strict=True):
       np.testing.assert_array_equal(a, b)
     _, after_on, metrics = self._run(_cfg(0.5), batch)
     self.assertGreater(float(metrics["grad_norm"]), 0.0)

@@ -64,7 +64,7 @@ class ExportRunTest(parameterized.TestCase):
     self.assertEqual((cfg.model.preset, step), ("tiny", 1))
     self.assertEqual(logits.shape, (1, len(ids), source.model_config.vocab_size))
     self.assertEqual(logits.dtype, jnp.float32)
-    for a, b in zip(_leaves(params), _leaves(state.params)):
+    for a, b in zip(_leaves(params), _leaves(state.params), strict=True):
       np.testing.assert_array_equal(a, b)
 
   def test_bfloat16_run_exports_its_parameters_or_its_float32_master(self):
@@ -73,7 +73,7 @@ class ExportRunTest(parameterized.TestCase):
     out = exporting.export_run(workdir, os.path.join(workdir, "hf"), 1)
     config, params = hf_import.load_hf_checkpoint(out)
     self.assertEqual(config.param_dtype, jnp.bfloat16)
-    for got, want in zip(_leaves(params), _leaves(state.params)):
+    for got, want in zip(_leaves(params), _leaves(state.params), strict=True):
       self.assertEqual(got.dtype, jnp.bfloat16)
       np.testing.assert_array_equal(got, want)
 
@@ -83,7 +83,8 @@ class ExportRunTest(parameterized.TestCase):
     self.assertEqual(hf.get("torch_dtype") or hf.get("dtype"), "float32")
     config, params = hf_import.load_hf_checkpoint(out)
     self.assertEqual(config.param_dtype, jnp.float32)
-    for got, want, low in zip(_leaves(params), _leaves(state.master), _leaves(state.params)):
+    for got, want, low in zip(_leaves(params), _leaves(state.master), _leaves(state.params),
+                              strict=True):
       self.assertEqual(got.dtype, np.float32)
       np.testing.assert_array_equal(got, want)
       self.assertFalse(np.array_equal(got, low.astype(np.float32)))
@@ -94,7 +95,7 @@ class ExportRunTest(parameterized.TestCase):
     out = exporting.export_run(workdir, os.path.join(workdir, "hf"), 1, master=True)
     config, params = hf_import.load_hf_checkpoint(out)
     self.assertEqual(config.param_dtype, jnp.float32)
-    for got, want in zip(_leaves(params), _leaves(state.params)):
+    for got, want in zip(_leaves(params), _leaves(state.params), strict=True):
       np.testing.assert_array_equal(got, want)
 
   def test_command_line(self):
@@ -108,7 +109,7 @@ class ExportRunTest(parameterized.TestCase):
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertEqual(proc.stdout.strip().splitlines()[-1], out)
     _, params = hf_import.load_hf_checkpoint(out)
-    for got, want in zip(_leaves(params), _leaves(state.master)):
+    for got, want in zip(_leaves(params), _leaves(state.master), strict=True):
       np.testing.assert_array_equal(got, want)
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300, check=False)

@@ -76,7 +76,7 @@ class HashedRewards(workflow_lib.Workflow):
     if not self._training():
       return result
     h = np.array([zlib.crc32(o.encode()) for o in outputs], np.int64)
-    for ep, x in zip(episodes, h):
+    for ep, x in zip(episodes, h, strict=True):
       self._hashes[id(ep)] += int(x)
     return dataclasses.replace(result, rewards=np.where(result.valid, h % 4 == 0, 0).astype(
         np.float32))
@@ -109,13 +109,13 @@ class _Recorder:
     def add_stage(self, episode_ids, stage, tokens, loss_mask, blps, version, rewards,
                   valid=None):
       valid = np.ones(len(episode_ids), bool) if valid is None else np.asarray(valid, bool)
-      for e, r, v in zip(episode_ids, rewards, valid):
+      for e, r, v in zip(episode_ids, rewards, valid, strict=True):
         rec.stage_r[int(e)][stage] = (float(r) if v else 0.0, bool(v))
       return orig["add_stage"](self, episode_ids, stage, tokens, loss_mask, blps, version,
                                rewards, valid)
 
     def finish(self, episode_ids, final_rewards):
-      for e, r in zip(episode_ids, final_rewards):
+      for e, r in zip(episode_ids, final_rewards, strict=True):
         rec.final_r[int(e)] = float(r)
       return orig["finish"](self, episode_ids, final_rewards)
 
@@ -241,7 +241,7 @@ class GroupFiltersTest(absltest.TestCase):
       self._run(cfg, parts, stop_after=stop)
     self.assertEqual(_history(parts), _history(full))
     want, got = self._final(full, cfg), self._final(parts, cfg)
-    for a, b in zip(jax.tree.leaves(want[0]), jax.tree.leaves(got[0])):
+    for a, b in zip(jax.tree.leaves(want[0]), jax.tree.leaves(got[0]), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for group in ("replay", "loop"):
       for k in want[1][group]:

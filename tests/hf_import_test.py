@@ -63,7 +63,7 @@ class ParityTest(parameterized.TestCase):
     _, single = hf_import.load_hf_checkpoint(path)
     want = placement.shard_model(config, mesh).param_shardings
     for leaf, sharding, one in zip(jax.tree.leaves(params), jax.tree.leaves(want),
-                                   jax.tree.leaves(single)):
+                                   jax.tree.leaves(single), strict=True):
       self.assertEqual(leaf.sharding, sharding)
       np.testing.assert_array_equal(np.asarray(leaf), np.asarray(one))
     np.testing.assert_allclose(_logits(config, params, ref["tokens"]), ref["logits"],
@@ -77,7 +77,7 @@ class ParityTest(parameterized.TestCase):
     with mock.patch.object(hf_import, "_READ_CHUNK_BYTES", 200):
       _, pieces = hf_import.load_hf_checkpoint(
           path, shardings=lambda c: placement.shard_model(c, mesh).param_shardings)
-    for a, b in zip(jax.tree.leaves(pieces), jax.tree.leaves(whole)):
+    for a, b in zip(jax.tree.leaves(pieces), jax.tree.leaves(whole), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   def test_head_dim_split_reads(self):
@@ -91,7 +91,7 @@ class ParityTest(parameterized.TestCase):
     _, single = hf_import.load_hf_checkpoint(path)
     q = params["layers"][0]["attn"]["q"][...]
     self.assertEqual(q.sharding.spec[2], "tensor")
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(single)):
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(single), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     del config
 

@@ -75,7 +75,7 @@ class LearnerTest(absltest.TestCase):
     np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m1["kl"], m2["kl"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-4)
-    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     self.assertEqual(int(s1.step), 1)
 
@@ -88,7 +88,7 @@ class LearnerTest(absltest.TestCase):
     state, metrics = self.step(state, core_types.UpdateBatch(**batch), self._ref())
     self.assertEqual(float(metrics["update_skipped"]), 1.0)
     self.assertEqual(learner.nonfinite_count(state), 1)
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True):
       np.testing.assert_array_equal(a, b)
     state, metrics = self.step(state, core_types.UpdateBatch(**_batch(1)), self._ref())
     self.assertEqual(float(metrics["update_skipped"]), 0.0)
@@ -168,7 +168,7 @@ class LearnerTest(absltest.TestCase):
       lrs.append(-float(updates["w"][0]) * 1e6)
     np.testing.assert_allclose(lrs[0], 1.0, rtol=1e-4)
     np.testing.assert_allclose(lrs[4], 0.25, rtol=1e-4)
-    self.assertTrue(all(a > b for a, b in zip(lrs, lrs[1:])), lrs)
+    self.assertTrue(all(a > b for a, b in zip(lrs, lrs[1:], strict=True)), lrs)
 
   def test_reference_kl(self):
     batch = core_types.UpdateBatch(**_batch())

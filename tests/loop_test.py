@@ -209,7 +209,7 @@ class LoopTest(parameterized.TestCase):
     counts = a_loop.pop_counts()
     self.assertGreater(counts.get("passed", 0), 0)
     self.assertEqual(b_loop.pop_counts(), counts)
-    for (ta, aa), (tb, ab) in zip(rest_a, rest_b):
+    for (ta, aa), (tb, ab) in zip(rest_a, rest_b, strict=True):
       np.testing.assert_array_equal(ta, tb)
       np.testing.assert_array_equal(aa, ab)
     sa, sb = a_replay.state_dict(), b_replay.state_dict()

@@ -127,7 +127,7 @@ class PolicyLossTest(parameterized.TestCase):
     denominators = [float(losses.aggregate_denominator(mask[sl], mode, t)) for sl in slices]
     total = sum(denominators)
     accumulated = np.zeros_like(lp)
-    for sl, d in zip(slices, denominators):
+    for sl, d in zip(slices, denominators, strict=True):
       accumulated[sl] += np.asarray(jax.grad(loss_fn)(lp[sl], sl)) * d / total
     np.testing.assert_allclose(accumulated, full, rtol=1e-5, atol=1e-7)
     self.assertGreater(np.abs(full).max(), 1e-3)

@@ -90,7 +90,7 @@ class MixedPrecisionTest(absltest.TestCase):
     self.assertTrue(all(x.dtype == jnp.float32 for x in _float_leaves(state.master)))
     self.assertTrue(all(x.dtype == jnp.float32 for x in _float_leaves(state.opt_state)))
     self.assertEqual(jax.tree.structure(state.master), jax.tree.structure(state.params))
-    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master)):
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master), strict=True):
       np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(jnp.bfloat16)))
     self.assertFalse(np.array_equal(_norm_scales(state.master), 1.0))  # it trained
 
@@ -152,10 +152,10 @@ class MixedPrecisionTest(absltest.TestCase):
     abstract = learner.init_state(transformer.init_model(_model_config(), 1)[1], self.opt, 0)
     got, _, _ = ck.restore(None, abstract)
     self.assertEqual(jax.tree.structure(got), jax.tree.structure(state))
-    for a, b in zip(jax.tree.leaves(state.master), jax.tree.leaves(got.master)):
+    for a, b in zip(jax.tree.leaves(state.master), jax.tree.leaves(got.master), strict=True):
       self.assertEqual(b.dtype, jnp.float32)
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   def test_checkpoint_from_before_the_master_trains_on(self):
@@ -174,10 +174,11 @@ class MixedPrecisionTest(absltest.TestCase):
     np.testing.assert_array_equal(_norm_scales(state.master), _norm_scales(old.params))
     state = self._run(state, 2)
     self.assertEqual(int(state.step), 2)
-    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master)):
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.master), strict=True):
       np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(p.dtype)))
     self.assertTrue(any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
-                        zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params))))
+                        zip(jax.tree.leaves(old.params), jax.tree.leaves(state.params),
+                            strict=True)))
 
 
 if __name__ == "__main__":

@@ -151,7 +151,8 @@ class MultihostTest(absltest.TestCase):
     # Each process drew its own tasks: positions p, p + 2, ..., continued after the restart.
     drawn = []
     for p in range(2):
-      shards, positions, ids = (sum(x, []) for x in zip(_takes(first[p]), _takes(second[p])))
+      shards, positions, ids = (sum(x, []) for x in zip(_takes(first[p]), _takes(second[p]),
+                                                        strict=True))
       self.assertNotEmpty(_takes(second[p])[1])  # training went on with new tasks
       self.assertEqual(set(shards), {p})
       self.assertEqual(positions, [p + 2 * k for k in range(len(positions))])
@@ -178,7 +179,8 @@ class MultihostTest(absltest.TestCase):
     ws1, ws2, rl4 = (_restore(ckpts / str(s) / "state")["state"] for s in (1, 2, 6))
     self.assertEqual([int(s["step"]) for s in (ws1, ws2, rl4)], [1, 2, 4])
     p1, p2 = jax.tree.leaves(ws1["params"]), jax.tree.leaves(ws2["params"])
-    self.assertTrue(any(not np.array_equal(a, b) for a, b in zip(p1, p2)))  # a step trained
+    # A step trained.
+    self.assertTrue(any(not np.array_equal(a, b) for a, b in zip(p1, p2, strict=True)))
     self.assertTrue(all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(rl4)))
 
     # Both processes evaluate the last checkpoint, each reading only its parameters' shards

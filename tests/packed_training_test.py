@@ -157,7 +157,7 @@ class PackedRunTest(parameterized.TestCase):
     rows_on = [r for r in _rows(runs["on"]) if r["phase"] == "rl"]
     self.assertLen(rows_on, len(rows_off))
     self.assertNotEmpty(rows_on)
-    for a, b in zip(rows_off, rows_on):
+    for a, b in zip(rows_off, rows_on, strict=True):
       self.assertEqual(a["step"], b["step"])
       for k in ("loss/loss", "loss/pg_loss", "loss/entropy", "loss/grad_norm"):
         np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
@@ -167,7 +167,7 @@ class PackedRunTest(parameterized.TestCase):
     self.assertLess(sum(r["replay/token_slots"] for r in rows_on),
                     sum(r["replay/token_slots"] for r in rows_off))
     (s_off, _, _), (s_on, _, _) = self._final(runs["off"], off), self._final(runs["on"], on)
-    for a, b in zip(jax.tree.leaves(s_off), jax.tree.leaves(s_on)):
+    for a, b in zip(jax.tree.leaves(s_off), jax.tree.leaves(s_on), strict=True):
       np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-4)
 
     # Stopped mid-RL and resumed, the packed run ends exactly as uninterrupted.
@@ -176,7 +176,7 @@ class PackedRunTest(parameterized.TestCase):
     train.run(on, parts, pool=self.pool)
     (want, _, want_meta), (got, _, got_meta) = (self._final(runs["on"], on),
                                                 self._final(parts, on))
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
       np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
     self.assertEqual(want_meta["replay"], got_meta["replay"])
 

@@ -93,7 +93,7 @@ def _expected_spec(logical, shape, sizes):
   table = {"vocab": "tensor", "embed": "fsdp", "mlp": "tensor", "heads": "tensor",
            "kv_heads": "tensor", "head_dim": None}
   out = []
-  for name, dim in zip(logical, shape):
+  for name, dim in zip(logical, shape, strict=True):
     axis = table[name]
     out.append(axis if axis is not None and dim % sizes[axis] == 0 else None)
   return P(*out)
@@ -128,7 +128,8 @@ class ShardedModelTest(parameterized.TestCase):
       logical = var.get_metadata()["out_sharding"]
       expected = _expected_spec(logical, x.shape, sizes)
       self.assertEqual(x.sharding.spec, expected, (logical, x.shape))
-      shard_shape = tuple(d // (sizes[a] if a else 1) for d, a in zip(x.shape, expected))
+      shard_shape = tuple(d // (sizes[a] if a else 1) for d, a in zip(x.shape, expected,
+                                                                      strict=True))
       self.assertEqual(x.addressable_shards[0].data.shape, shard_shape)
     # The named cases, spelled out.
     embed = params["embed"].get_value()
@@ -139,7 +140,8 @@ class ShardedModelTest(parameterized.TestCase):
     self.assertEqual(wk.sharding.spec,
                      P("fsdp", None if shape[2] == 8 else "tensor", None))
     # Abstract params carry the same shardings (an Orbax restore target).
-    for a, s in zip(jax.tree.leaves(sm.abstract_params), jax.tree.leaves(sm.param_shardings)):
+    for a, s in zip(jax.tree.leaves(sm.abstract_params), jax.tree.leaves(sm.param_shardings),
+                    strict=True):
       self.assertEqual(a.sharding, s)
 
   @parameterized.named_parameters(*MESHES)

@@ -27,7 +27,7 @@ _TINY = transformer.ModelConfig(
 def _bytes_on_device(tree, shardings, device) -> int:
   """Bytes that `device` holds once `tree` is placed with `shardings` (measured)."""
   total = 0
-  for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+  for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings), strict=True):
     x = jax.device_put(np.zeros(a.shape, a.dtype), s)
     total += sum(sh.data.nbytes for sh in x.addressable_shards if sh.device == device)
   return total

@@ -362,7 +362,7 @@ class PackedUpdateTest(parameterized.TestCase):
     self.assertGreater(float(m_want["grad_norm"]), 0.0)
     if kl_beta:
       self.assertGreater(float(m_want["kl"]), 0.0)
-    for a, b in zip(jax.tree.leaves(d_got), jax.tree.leaves(d_want)):
+    for a, b in zip(jax.tree.leaves(d_got), jax.tree.leaves(d_want), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
   def test_unpacked_layout_in_a_packed_batch_is_exact(self):
@@ -396,7 +396,7 @@ class PackedUpdateTest(parameterized.TestCase):
     for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
       np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, atol=1e-7, err_msg=k)
     for a, b in zip(jax.tree.leaves(jax.device_get(s2.params)),
-                    jax.tree.leaves(jax.device_get(s1.params))):
+                    jax.tree.leaves(jax.device_get(s1.params)), strict=True):
       np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
 
 

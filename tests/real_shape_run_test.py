@@ -119,7 +119,8 @@ class RealShapeRunTest(absltest.TestCase):
 
       def sample_fn(params, prompts, lengths, counter, greedy):
         tokens, out_len, logprobs = inner(params, prompts, lengths, counter, greedy)
-        samples.extend(t[:m].tolist() for t, m in zip(np.asarray(tokens), np.asarray(out_len)))
+        samples.extend(t[:m].tolist() for t, m in zip(np.asarray(tokens), np.asarray(out_len),
+                                                      strict=True))
         return tokens, out_len, logprobs
       return sample_fn
 

@@ -263,7 +263,8 @@ class StagedReplayTest(parameterized.TestCase):
     immediate_rows = out["immediate"][0][-1] + out["immediate"][1]
     self.assertEqual(out["post_hoc"][1], immediate_rows)
     self.assertEqual(len(out["post_hoc"][2]), len(out["immediate"][2]))
-    for (k0, (e0, s0, a0)), (k1, (e1, s1, a1)) in zip(out["immediate"][2], out["post_hoc"][2]):
+    for (k0, (e0, s0, a0)), (k1, (e1, s1, a1)) in zip(out["immediate"][2], out["post_hoc"][2],
+                                                      strict=True):
       self.assertEqual((k0, e0, s0), (k1, e1, s1))
       self.assertAlmostEqual(a0, a1, places=5)
 
@@ -378,7 +379,7 @@ class StagedReplayTest(parameterized.TestCase):
       r.finish(ids, final)
     ba, bb = _drain(a, 2), _drain(b, 2)
     self.assertLen(bb, len(ba))
-    for x, y in zip(ba, bb):
+    for x, y in zip(ba, bb, strict=True):
       for field in ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "sample_weights"):
         np.testing.assert_array_equal(getattr(x.update, field), getattr(y.update, field))
       self.assertEqual(x.segments, y.segments)

@@ -148,7 +148,7 @@ class RowBucketsTest(parameterized.TestCase):
     (s_small, m_small), (s_full, m_full) = out
     for k in ("loss", "pg_loss", "grad_norm", "entropy", "loss_tokens"):
       np.testing.assert_allclose(m_small[k], m_full[k], rtol=1e-5, atol=1e-7, err_msg=k)
-    for a, b in zip(jax.tree.leaves(s_small.params), jax.tree.leaves(s_full.params)):
+    for a, b in zip(jax.tree.leaves(s_small.params), jax.tree.leaves(s_full.params), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     self.assertEqual(step.num_traces, 2)  # one per row count
 

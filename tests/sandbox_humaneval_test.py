@@ -78,13 +78,14 @@ class HumanEvalTest(absltest.TestCase):
     results = self.pool.map(canonical + spies + nones)
     n = len(self.problems)
     canonical_r, spy_r, none_r = results[:n], results[n:2 * n], results[2 * n:]
-    bad = [(p["task_id"], r.verdict, r.error) for p, r in zip(self.problems, canonical_r)
+    bad = [(p["task_id"], r.verdict, r.error)
+           for p, r in zip(self.problems, canonical_r, strict=True)
            if r.verdict != sb.Verdict.PASSED]
     self.assertEmpty(bad)
     self.assertTrue(all(r.verdict == sb.Verdict.PASSED for r in spy_r))
 
     wrong = []
-    for p, r in zip(self.problems, spy_r):
+    for p, r in zip(self.problems, spy_r, strict=True):
       first = r.output_tail.split("FIRST:", 1)[1].split("\n", 1)[0]
       wrong.append(_program(p, f"    return {_wrong(ast.literal_eval(first))!r}\n"))
     wrong_r = self.pool.map(wrong)
@@ -109,12 +110,12 @@ class HumanEvalTest(absltest.TestCase):
     rigged = [_program(by_id[i], body + trick) for i, body, trick in cases]
     honest = [_program(by_id[i], by_id[i]["canonical_solution"] + trick) for i, _, trick in cases]
     results = self.pool.map(rigged + honest)
-    for (task_id, _, trick), r in zip(cases, results[:len(cases)]):
+    for (task_id, _, trick), r in zip(cases, results[:len(cases)], strict=True):
       self.assertEqual(r.verdict, sb.Verdict.FAILED, (task_id, trick, r))
       self.assertIs(r.script_passed, False)
     # The tricks do not break the harness: a right answer with the same trick passes
     # (except HumanEval/4, whose canonical solution itself calls the rigged `abs`).
-    for (task_id, _, trick), r in zip(cases, results[len(cases):]):
+    for (task_id, _, trick), r in zip(cases, results[len(cases):], strict=True):
       expected = sb.Verdict.FAILED if task_id == "HumanEval/4" else sb.Verdict.PASSED
       self.assertEqual(r.verdict, expected, (task_id, trick, r))
 

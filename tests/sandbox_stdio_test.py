@@ -110,9 +110,9 @@ class StdioJudgeTest(parameterized.TestCase):
                                    memory_bytes=256 * 2**20, output_bytes=2**20)
                 for n in names]
     results = self.pool.map(programs)  # One pool call for every program and test.
-    table = {n: r.verdicts[0] for n, r in zip(names, results)}
+    table = {n: r.verdicts[0] for n, r in zip(names, results, strict=True)}
     self.assertEqual(table, {n: _ADVERSARIAL[n][1] for n in names})
-    for n, r in zip(names, results):
+    for n, r in zip(names, results, strict=True):
       self.assertIsInstance(r, stdio.StdioResult)
       self.assertLen(r.verdicts, 2)
       if n != "correct":  # The second test's expected output is the secret.
@@ -129,7 +129,7 @@ class StdioJudgeTest(parameterized.TestCase):
     names = list(_FORMS)
     results = self.pool.map([stdio.StdioProgram(_FORMS[n][0], _SUM_TESTS, time_seconds=1.0)
                              for n in names])
-    for n, r in zip(names, results):
+    for n, r in zip(names, results, strict=True):
       want = _FORMS[n][1]
       self.assertIn(r.verdicts[0], want if isinstance(want, tuple) else (want,), n)
     by_name = dict(zip(names, results))
@@ -151,7 +151,7 @@ class StdioJudgeTest(parameterized.TestCase):
         "import sys\nprint(sum(map(int, sys.stdin.read().split()[1:])))\nsys.exit(0)",
     ]
     results = self.pool.map([stdio.StdioProgram(s, tests) for s in sources])
-    for s, r in zip(sources, results):
+    for s, r in zip(sources, results, strict=True):
       self.assertEqual(r.verdicts, (V.PASSED, V.PASSED), (s, r.error))
 
   def test_tests_do_not_share_files(self):

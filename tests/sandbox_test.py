@@ -164,7 +164,7 @@ class BasicsTest(_PoolCase):
     program = _io("def f(x):\n  return x\n", *[((v,), v) for v in values])
     r = self.pool.submit(program).result()
     self.assertEqual(r.verdict, sb.Verdict.PASSED, r)
-    for got, want in zip(r.outputs, values):
+    for got, want in zip(r.outputs, values, strict=True):
       self.assertIs(type(got), type(want))
       self.assertTrue(literals.values_equal(got, want))
     nan = self.pool.submit(_io("def f():\n  return float('nan')\n", ((), float("nan")))).result()

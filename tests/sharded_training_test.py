@@ -146,7 +146,7 @@ class ShardedTrainingTest(parameterized.TestCase):
                                      err_msg=f"step {i} {k}")
       if i == 1:
         got = _host(state.params)
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want_params)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want_params), strict=True):
           np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
     self.assertEqual(step.num_traces, 1)  # no recompilation after the first step
     self.assertGreater(float(want_metrics[0]["grad_norm"]), 0.0)

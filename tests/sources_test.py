@@ -138,7 +138,7 @@ class BuilderTest(parameterized.TestCase):
     want = sources.open_model(cfg.model).params(comp.sharded_model, 0)
     _leaves_equal(params, want)
     for leaf, sharding in zip(jax.tree.leaves(params),
-                              jax.tree.leaves(comp.sharded_model.param_shardings)):
+                              jax.tree.leaves(comp.sharded_model.param_shardings), strict=True):
       self.assertEqual(leaf.sharding, sharding)
 
   def test_build_names_a_bad_model_path(self):
@@ -180,7 +180,8 @@ class EndToEndTest(parameterized.TestCase):
     self.assertEqual(model_config, dataclasses.replace(_CONFIGS[family]))
     sm, sh = learner.learner_shardings(model_config, mesh, optimizer, cfg.mesh.rules(),
                                        with_reference=kl_beta > 0)
-    for leaf, want in zip(jax.tree.leaves(params), jax.tree.leaves(sm.param_shardings)):
+    for leaf, want in zip(jax.tree.leaves(params), jax.tree.leaves(sm.param_shardings),
+                          strict=True):
       self.assertEqual(leaf.sharding, want)
     self.assertLen(mesh.devices.flat, 8)
 
@@ -227,7 +228,8 @@ class EndToEndTest(parameterized.TestCase):
     _, _, step, restored = exporting.restore_params(workdir, 1)
     self.assertEqual(step, 1)
     _leaves_equal(restored, state.params)
-    for leaf, want in zip(jax.tree.leaves(restored), jax.tree.leaves(sm.param_shardings)):
+    for leaf, want in zip(jax.tree.leaves(restored), jax.tree.leaves(sm.param_shardings),
+                          strict=True):
       self.assertEqual(leaf.sharding, want)  # read straight into the learner's shardings
     out_dir = exporting.export_run(workdir, os.path.join(root, "exported"), 1)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json",

@@ -557,7 +557,7 @@ class JudgedTest(absltest.TestCase):
         stages=("hypothesis", "code", "tests", "debug")), self.pool)
     eps = wf.start([task])
     results = []
-    for stage, out in zip(wf.stages, outputs):
+    for stage, out in zip(wf.stages, outputs, strict=True):
       wf.open_stage(eps)
       results.append(wf.close_stage(eps, [out + stage.close_token]))
     return eps[0], results, wf.finish(eps)

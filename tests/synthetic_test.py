@@ -181,7 +181,8 @@ class GeneratorTest(parameterized.TestCase):
   def test_ambiguity_grows_with_radius(self):
     r1 = [synthetic.is_ambiguous(t) for t in self.train[:25]]
     r2 = [synthetic.is_ambiguous(t, radius=2) for t in self.train[:25]]
-    self.assertTrue(all(b for a, b in zip(r1, r2) if a))  # the radius-1 set is contained
+    # The radius-1 set is contained.
+    self.assertTrue(all(b for a, b in zip(r1, r2, strict=True) if a))
     self.assertGreater(sum(r2), sum(r1))
     with self.assertRaisesRegex(ValueError, "no synthetic program"):
       synthetic.is_ambiguous(dataclasses.replace(self.train[0], metadata={}))

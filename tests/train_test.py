@@ -358,7 +358,7 @@ class TrainTest(parameterized.TestCase):
                 "ref": params}
     want, got = [checkpointing.Checkpointer(os.path.join(d, "checkpoints")).restore(
         None, abstract)[0] for d in (full, parts)]
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   def test_resume_refuses_config_drift_and_keeps_config_json(self):
@@ -463,7 +463,7 @@ class TrainTest(parameterized.TestCase):
 
   def _assert_same(self, want, got, stops):
     (ws, wh, wm), (gs, gh, gm) = want, got
-    for a, b in zip(jax.tree.leaves(ws), jax.tree.leaves(gs)):
+    for a, b in zip(jax.tree.leaves(ws), jax.tree.leaves(gs), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"stops {stops}")
     self.assertEqual(jax.tree.structure(ws), jax.tree.structure(gs))
     for group in ("replay", "loop"):

@@ -85,7 +85,7 @@ class WorkflowTest(parameterized.TestCase):
       np.testing.assert_array_equal(res.rewards, np.ones(len(self.synthetic)), err_msg=res.stage)
       self.assertTrue(res.valid.all() and res.parsed.all())
       self.assertEqual(res.errors, 0)
-    for ep, ref in zip(episodes, refs):
+    for ep, ref in zip(episodes, refs, strict=True):
       self.assertEqual(ep.segments, ref)
     self.assertEqual(self.wf.pop_error_counts(), {})
 
@@ -99,14 +99,14 @@ class WorkflowTest(parameterized.TestCase):
     refs = [references.reference_segments(wf, t) for t in tasks]
     outputs = {name: [r[k].output for r in refs] for k, name in enumerate(wf.stage_names)}
     episodes, results, final = self._run(tasks, outputs, wf)
-    for ep, ref in zip(episodes, refs):
+    for ep, ref in zip(episodes, refs, strict=True):
       self.assertEqual(ep.segments, ref)
     by_stage = {r.stage: r for r in results}
     self.assertTrue(np.all(by_stage["code"].rewards < 1.0))
     np.testing.assert_array_equal(by_stage["debug_1"].rewards, np.ones(len(tasks)))
     np.testing.assert_array_equal(final.rewards, np.ones(len(tasks)))
     code, debug = (wf.stage_names.index(n) for n in ("code", "debug_1"))
-    for r, t in zip(refs, tasks):
+    for r, t in zip(refs, tasks, strict=True):
       self.assertIn(" got ", r[debug].opening)
       self.assertNotEqual(r[code].output, r[debug].output)
       self.assertEqual(r[debug].output, code_parsing.compact_reference(t) + "</debug>")
@@ -288,7 +288,7 @@ class WorkflowTest(parameterized.TestCase):
     _, results, final = self._run(
         tasks, {"code": [raw[t.task_id]["canonical_solution"] + "</code>" for t in tasks]}, wf)
     self.assertTrue(results[0].parsed.all())
-    failed = [t.task_id for t, r in zip(tasks, final.rewards) if r != 1.0]
+    failed = [t.task_id for t, r in zip(tasks, final.rewards, strict=True) if r != 1.0]
     self.assertEmpty(failed)
 
   def test_hidden_script_tasks(self):
@@ -321,7 +321,7 @@ class WorkflowTest(parameterized.TestCase):
     tasks = humaneval.load_humaneval()
     fixed = execution.drop_failing_public_examples(tasks, self.pool)
     changed = {t.task_id: (len(t.public_examples), len(f.public_examples))
-               for t, f in zip(tasks, fixed) if f != t}
+               for t, f in zip(tasks, fixed, strict=True) if f != t}
     self.assertEqual(changed, {"HumanEval/47": (2, 1)})  # its docstring's median is wrong
     wrong = _sort_task(public_examples=(task_lib.Example(([2, 1],), [2, 1]),) +
                        _sort_task().public_examples)
