@@ -1,6 +1,7 @@
 """Tests for agentic_grpo.replay."""
 
 import collections
+import inspect
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import checkpoint_records
+from agentic_grpo import config as config_lib
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import losses as losses_lib
@@ -432,6 +434,31 @@ class StagedReplayTest(parameterized.TestCase):
       replay.finish([0], [1.0])
     with self.assertRaisesRegex(ValueError, "max_rows"):
       replay.take(0, 0, BUCKETS)
+
+
+class DefaultsTest(absltest.TestCase):
+
+  def test_defaults_are_the_config_defaults(self):
+    # A replay built with its own defaults behaves as a run with the config's defaults: the
+    # keyword arguments that `train.session.make_replay` fills from a config section default to
+    # that section's field.
+    sections = {"correction": config_lib.CorrectionSection(),
+                "replay": config_lib.ReplaySection(), "rl": config_lib.RLSection(),
+                "workflow": config_lib.TrainConfig().workflow}
+    fields = {"stage_rewards": "workflow.stage_rewards", "correction": "correction.enabled",
+              "target_mode": "correction.target", "gamma": "correction.gamma",
+              "beta": "correction.beta", "scale": "correction.scale",
+              "baseline": "correction.baseline", "max_staleness": "correction.max_staleness",
+              "staleness_mode": "correction.staleness_mode", "capacity": "replay.capacity",
+              "when_full": "replay.when_full",
+              "skip_zero_advantage": "replay.skip_zero_advantage",
+              "pack_corrections": "replay.pack_corrections",
+              "stage_credit": "correction.stage_credit",
+              "drop_tied_groups": "rl.dynamic_sampling"}
+    params = inspect.signature(replay_lib.StagedReplay).parameters
+    got = {k: params[k].default for k in fields}
+    want = {k: getattr(sections[p.split(".")[0]], p.split(".")[1]) for k, p in fields.items()}
+    self.assertEqual(got, want)
 
 
 class PackedGradientTest(parameterized.TestCase):
