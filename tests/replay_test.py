@@ -259,7 +259,7 @@ class StagedReplayTest(parameterized.TestCase):
         before.append(replay.num_ready)
       made = replay.finish(range(G), final)
       batch = replay.take(64, 0, BUCKETS)
-      out[credit] = (before, made, sorted(zip(batch.kinds, batch.segments)))
+      out[credit] = (before, made, sorted(zip(batch.kinds, batch.segments, strict=True)))
     self.assertEqual(out["post_hoc"][0], [0, 0, 0])
     self.assertGreater(out["immediate"][0][-1], 0)
     immediate_rows = out["immediate"][0][-1] + out["immediate"][1]

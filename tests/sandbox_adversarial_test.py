@@ -212,7 +212,7 @@ class AdversarialIsolationTest(parameterized.TestCase):
     honest = "abs = lambda v: 0\ndef f(x):\n  return x * x\n"
     with sb.SandboxPool(1, _LIMITS, isolation=isolation) as pool:
       results = pool.map([sb.Program(s, "f", script_test=check) for s in rigged + [honest]])
-    for source, r in zip(rigged, results, strict=True):
+    for source, r in zip(rigged, results[:-1], strict=True):
       self.assertEqual(r.verdict, sb.Verdict.FAILED, (source, r))
     self.assertEqual(results[-1].verdict, sb.Verdict.PASSED, results[-1])
 

@@ -132,7 +132,7 @@ class StdioJudgeTest(parameterized.TestCase):
     for n, r in zip(names, results, strict=True):
       want = _FORMS[n][1]
       self.assertIn(r.verdicts[0], want if isinstance(want, tuple) else (want,), n)
-    by_name = dict(zip(names, results))
+    by_name = dict(zip(names, results, strict=True))
     self.assertEqual(by_name["slow_first_test"].verdicts, (V.TIMEOUT, V.PASSED))
     self.assertIn("/proc", by_name["reads_proc"].error)
     self.assertIn("EOFError", by_name["reads_past_eof"].error)

@@ -548,7 +548,7 @@ class ManyProgramsTest(_PoolCase):
     self.assertEqual(results[17].verdict, sb.Verdict.TIMEOUT)
     self.assertEqual(results[40].verdict, sb.Verdict.ERROR)
     self.assertIn("signal 6", results[40].error)
-    for i, (r, (out0, out1, second_ok)) in enumerate(zip(results, expected)):
+    for i, (r, (out0, out1, second_ok)) in enumerate(zip(results, expected, strict=True)):
       if i in (17, 40):
         continue
       self.assertEqual(r.verdict, sb.Verdict.PASSED if second_ok else sb.Verdict.FAILED, i)
