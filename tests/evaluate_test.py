@@ -22,8 +22,8 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
 from agentic_grpo import run_lock
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.train import eval_only
 from experiments import tiny_codegen

@@ -9,9 +9,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo import config as config_lib
+from agentic_grpo.sandbox import checked_sources
 from agentic_grpo.tasks import finite
 from agentic_grpo.tasks import loading
-from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 
@@ -69,7 +69,7 @@ class SourcesFromConfigTest(absltest.TestCase):
   def test_humaneval(self):
     section = config_lib.TaskSection(source="humaneval", heldout_fraction=0.25)
     section.validate("task")
-    tasks = sources.TASK_SOURCES.get("humaneval")(section)
+    tasks = checked_sources.open_source(section)
     self.assertEqual(tasks.size("train") + tasks.size("test"), 164)
     self.assertBetween(tasks.size("test"), 25, 60)
     self.assertTrue(tasks.task("test", 0).task_id.startswith("HumanEval/"))
@@ -82,12 +82,12 @@ class SourcesFromConfigTest(absltest.TestCase):
                        "test_list": []}).encode() + b"\n"]
     path = self._write("mbpp.jsonl", rows[:10] + bad + rows[10:])
     section = config_lib.TaskSection(source="mbpp", path=path, heldout_fraction=0.3)
-    tasks = sources.TASK_SOURCES.get("mbpp")(section)
+    tasks = checked_sources.open_source(section)
     self.assertEqual(tasks.size("train") + tasks.size("test"), 20)
     t = tasks.task("train", 0)
     self.assertLen(t.public_examples, 1)  # MBPP's first test is public.
     with self.assertRaisesRegex(loading.RowError, "mbpp.jsonl.*row 11"):
-      sources.TASK_SOURCES.get("mbpp")(config_lib.TaskSection(
+      checked_sources.open_source(config_lib.TaskSection(
           source="mbpp", path=path, on_error="raise"))
 
   def test_jsonl_round_trip(self):
@@ -95,7 +95,7 @@ class SourcesFromConfigTest(absltest.TestCase):
     want = [gen.task("train", i) for i in range(30)]
     path = self._write("tasks.jsonl", [json.loads(task_lib.task_to_json(t)) for t in want]
                        + [{"task_id": "x"}])
-    tasks = sources.TASK_SOURCES.get("jsonl")(config_lib.TaskSection(source="jsonl", path=path))
+    tasks = checked_sources.open_source(config_lib.TaskSection(source="jsonl", path=path))
     got = {t.task_id: t for t in tasks.train + tasks.heldout}
     self.assertEqual(got, {t.task_id: t for t in want})
 
@@ -109,7 +109,7 @@ class SourcesFromConfigTest(absltest.TestCase):
         if t.task_id in slow else t)) for t in tasks]
     path = self._write("slow.jsonl", rows)
     section = config_lib.TaskSection(source="jsonl", path=path, heldout_fraction=0.5)
-    load = sources.TASK_SOURCES.get("jsonl")
+    load = checked_sources.open_source
     default = load(section)
     self.assertLen(default.train + default.heldout, 12)
     strict = config_lib.SandboxSection(timeout_s=0.5, workers=1)

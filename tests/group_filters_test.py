@@ -23,8 +23,8 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import replay as replay_lib
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.core import advantages as advantages_lib

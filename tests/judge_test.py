@@ -11,7 +11,7 @@ from absl.testing import absltest
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import judging
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUM = "a, b = map(int, input().split())\nprint(a + b)\n"

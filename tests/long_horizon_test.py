@@ -7,8 +7,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from agentic_grpo import sandbox
 from agentic_grpo.agent import references
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import workflow
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import long_horizon as lh

@@ -9,9 +9,9 @@ import numpy as np
 
 from agentic_grpo import checkpoint_records
 from agentic_grpo import replay as replay_lib
+from agentic_grpo import sandbox
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import references
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib

@@ -15,8 +15,8 @@ import numpy as np
 from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import sandbox
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.train import device as device_lib

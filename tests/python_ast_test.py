@@ -19,7 +19,7 @@ from tests.fixtures import thread_stress
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentic_grpo"
-ALLOWED = ("tasks/python_ast.py", "agent/sandbox/runner.py")
+ALLOWED = ("tasks/python_ast.py", "sandbox/runner.py")
 _GUARDED = frozenset({"parse", "literal_eval", "PyCF_ONLY_AST"})
 
 

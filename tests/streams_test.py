@@ -5,9 +5,9 @@ import concurrent.futures
 
 from absl.testing import absltest
 
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 from agentic_grpo.agent import streams
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 
 

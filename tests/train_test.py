@@ -22,14 +22,14 @@ from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import learner
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.models import placement
 from agentic_grpo.replay import batching
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
 from experiments import code_debug

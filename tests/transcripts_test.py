@@ -12,8 +12,8 @@ from absl.testing import absltest
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
+from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import sandbox
 from agentic_grpo.train import metrics as metrics_lib
 from experiments import tiny_codegen
 

@@ -5,15 +5,15 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from agentic_grpo import sandbox
 from agentic_grpo.agent import code_parsing
-from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import references
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages
 from agentic_grpo.agent import workflow
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.models import tokenizers
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib

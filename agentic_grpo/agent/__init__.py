@@ -1,1 +1,2 @@
-"""Host-side environment: sandboxed execution, the staged workflow and the agent loop."""
+"""Host-side environment: the staged workflow, its rewards and the agent loop (programs run in
+`agentic_grpo.sandbox`)."""

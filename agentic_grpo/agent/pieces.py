@@ -24,12 +24,12 @@ runs on the task's hidden tests. A piece that did not parse leaves its function 
 
 from typing import Any
 
+from agentic_grpo import sandbox
 from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
-from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
-from agentic_grpo.agent import sandbox
 from agentic_grpo.agent import stages as stages_lib
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import long_horizon
 from agentic_grpo.tasks import task as task_lib
 

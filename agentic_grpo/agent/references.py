@@ -27,10 +27,10 @@ from typing import Optional
 
 from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
-from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import synthetic
 from agentic_grpo.tasks import task as task_lib
 

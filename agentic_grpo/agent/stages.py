@@ -27,11 +27,11 @@ hypothesis stage has no reward (the task has no probe: `valid=False`).
 from typing import Any, Optional, Sequence
 
 from agentic_grpo import registry
+from agentic_grpo import sandbox
 from agentic_grpo.agent import code_parsing
 from agentic_grpo.agent import episodes as episodes_lib
-from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
-from agentic_grpo.agent import sandbox
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import literals
 from agentic_grpo.tasks import task as task_lib
 

@@ -52,10 +52,10 @@ from absl import logging
 import numpy as np
 
 from agentic_grpo.agent import episodes as episodes_lib
-from agentic_grpo.agent import execution
 from agentic_grpo.agent import prompts
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow_config
+from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 
 FINAL = "final"  # the error-count key of the final reward

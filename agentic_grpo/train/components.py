@@ -16,8 +16,9 @@ import jax
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import parallel
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.sandbox import checked_sources
 from agentic_grpo.tasks import sources
 from agentic_grpo.train import coordination
 from agentic_grpo.train import device as device_lib
@@ -153,7 +154,7 @@ def build(cfg: config_lib.TrainConfig, *, pool=None,
 def task_source(cfg: config_lib.TrainConfig) -> sources.TaskSource:
   """The run's tasks (`task.source` in `tasks.sources.TASK_SOURCES`): training stream and
   held-out split; a load-time reference check runs under the `sandbox` section's limits."""
-  return sources.TASK_SOURCES.get(cfg.task.source)(cfg.task, cfg.sandbox)
+  return checked_sources.open_source(cfg.task, cfg.sandbox)
 
 
 def sandbox_pool(cfg: config_lib.TrainConfig) -> sandbox.SandboxPool:

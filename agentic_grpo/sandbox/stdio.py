@@ -28,7 +28,7 @@ import os
 import re
 from typing import Sequence
 
-from agentic_grpo.agent.sandbox import runner
+from agentic_grpo.sandbox import runner
 
 # The wall-clock deadline of one test: `WALL_FACTOR * time_seconds + WALL_SLACK`
 # (a process blocked on nothing but sleep uses no CPU time).

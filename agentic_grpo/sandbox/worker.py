@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from agentic_grpo.agent.sandbox import isolation
+from agentic_grpo.sandbox import isolation
 
 # Extra seconds the parent waits for a server beyond a job's wall limit before
 # it declares the server dead (its cleanup takes milliseconds).

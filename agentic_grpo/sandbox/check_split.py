@@ -25,7 +25,7 @@ import ast
 import functools
 from typing import Optional
 
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
 from agentic_grpo.tasks import python_ast
 
 

@@ -36,8 +36,8 @@ import threading
 
 from absl import logging
 
-from agentic_grpo.agent.sandbox import runner
-from agentic_grpo.agent.sandbox import types
+from agentic_grpo.sandbox import runner
+from agentic_grpo.sandbox import types
 
 RUNNER_PATH = os.path.abspath(runner.__file__)
 ENV = {

@@ -7,7 +7,7 @@ import enum
 import math
 from typing import Any, Sequence
 
-from agentic_grpo.agent.sandbox import values
+from agentic_grpo.sandbox import values
 
 # Isolation levels, weakest first (see `isolation.py`).
 ISOLATION_LEVELS = ("hook", "landlock", "namespaces")
@@ -50,7 +50,7 @@ class Limits:
     stdio_budget_seconds: wall-clock seconds for all tests of one stdin/stdout
       job (`StdioProgram.budget_seconds`, which each test's own deadline cannot
       bound: a program that loops would cost a deadline per test), given to the
-      stdio jobs scored by a fraction of tests (`agent.execution.program`); None:
+      stdio jobs scored by a fraction of tests (`sandbox.execution.program`); None:
       no budget. A `Program`'s tests share one process, so `wall_seconds` is
       already the budget of its whole job.
   """

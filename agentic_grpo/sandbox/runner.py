@@ -1,4 +1,4 @@
-"""The in-sandbox half of `agentic_grpo.agent.sandbox`: a fork server.
+"""The in-sandbox half of `agentic_grpo.sandbox`: a fork server.
 
 This file runs as its own interpreter (`python -S -s -B -P runner.py --serve
 ...`), usually as PID 1 of fresh PID, network, mount, IPC and UTS namespaces

@@ -60,11 +60,11 @@ import time
 from typing import Any, Sequence
 import weakref
 
-from agentic_grpo.agent.sandbox import isolation as isolation_lib
-from agentic_grpo.agent.sandbox import program_judge
-from agentic_grpo.agent.sandbox import stdio
-from agentic_grpo.agent.sandbox import worker as worker_lib
-from agentic_grpo.agent.sandbox.types import Isolation, Limits, Program, RunResult
+from agentic_grpo.sandbox import isolation as isolation_lib
+from agentic_grpo.sandbox import program_judge
+from agentic_grpo.sandbox import stdio
+from agentic_grpo.sandbox import worker as worker_lib
+from agentic_grpo.sandbox.types import Isolation, Limits, Program, RunResult
 
 # ----------------------------------------------------------------- pool
 def _shutdown(workers, idle_slots, host_root):

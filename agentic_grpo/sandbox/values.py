@@ -10,7 +10,7 @@ comparison of decoded values with expected ones is
 import json
 from typing import Any
 
-from agentic_grpo.agent.sandbox import runner
+from agentic_grpo.sandbox import runner
 
 _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
 

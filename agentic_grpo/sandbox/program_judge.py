@@ -16,11 +16,11 @@ import math
 import os
 from typing import Any
 
-from agentic_grpo.agent.sandbox import isolation as isolation_lib
-from agentic_grpo.agent.sandbox import runner
-from agentic_grpo.agent.sandbox import values
-from agentic_grpo.agent.sandbox import worker as worker_lib
-from agentic_grpo.agent.sandbox.types import Limits, Program, RunResult, Verdict
+from agentic_grpo.sandbox import isolation as isolation_lib
+from agentic_grpo.sandbox import runner
+from agentic_grpo.sandbox import values
+from agentic_grpo.sandbox import worker as worker_lib
+from agentic_grpo.sandbox.types import Limits, Program, RunResult, Verdict
 from agentic_grpo.tasks import literals
 
 _OPEN_FILES = 64

@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 
-from agentic_grpo.agent import check_split
-from agentic_grpo.agent import sandbox
+from agentic_grpo import sandbox
+from agentic_grpo.sandbox import check_split
 from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
