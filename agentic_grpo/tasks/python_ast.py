@@ -20,7 +20,7 @@ re-entrant lock (a finalizer that parses in the thread holding it cannot deadloc
 lock costs no parallelism.
 
 The lock orders only this package's parses: a library parsing in another thread at the same
-time is not covered. The sandbox's child runner (`agent/sandbox/runner.py`) compiles its jobs
+time is not covered. The sandbox's child runner (`sandbox/runner.py`) compiles its jobs
 with the builtins: it runs in its own single-threaded process, outside this lock's reach.
 """
 

@@ -4,7 +4,7 @@ A row is one problem in one of four common layouts (`LAYOUTS`), chosen by `layou
 detected from the row's keys with `auto` (`detect_layout`). Each becomes a `Task` of kind
 `stdio` (`task.STDIO`): the agent writes a whole program that reads the input on stdin and
 prints the answer; every test is an `Example((INPUT,), OUTPUT)` with strings, judged by
-`agent.sandbox.stdio` (token-wise, whitespace normalised) under the problem's limits, with the
+`sandbox.stdio` (token-wise, whitespace normalised) under the problem's limits, with the
 output comparison of the layout's own harness (`LAYOUT_COMPARISON`, below).
 
 | Task field          | codecontests               | apps                     | taco                          | livecodebench                  |

@@ -48,7 +48,7 @@ class Example:
 
 @dataclasses.dataclass(frozen=True)
 class StdioSpec:
-  """How a `stdio` task's programs are judged (`agent.sandbox.stdio`).
+  """How a `stdio` task's programs are judged (`sandbox.stdio`).
 
   Attributes:
     time_seconds: CPU seconds per test, or None for the run's default (`config.sandbox.cpu_s`);
