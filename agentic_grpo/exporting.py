@@ -18,11 +18,11 @@ from typing import Callable, Optional
 from absl import logging
 import jax.numpy as jnp
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.models import hf_export
 from agentic_grpo.models import sources
 
@@ -57,9 +57,9 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   Raises:
     errors.InputError (a ValueError): no `workdir`, no config.json in it, or an invalid one;
       a model source that no longer opens (`models.sources.open_model`).
-    checkpointing.MissingCheckpointError (a FileNotFoundError): no checkpoint, or none at
+    checkpointer.MissingCheckpointError (a FileNotFoundError): no checkpoint, or none at
       `step`.
-    checkpointing.CheckpointIntegrityError: a damaged checkpoint.
+    checkpointer.CheckpointIntegrityError: a damaged checkpoint.
   """
   file = os.path.join(workdir, "config.json")
   if not os.path.isfile(file):
@@ -69,7 +69,7 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
     cfg = config_lib.from_config_dict(json.load(f))
   source = sources.open_model(
       cfg.model, min_seq_len=cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
   chosen = None if step < 0 else step
   meta = ckpt.read_meta(chosen)
   with_ref = cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
@@ -84,7 +84,7 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   # One field of the learner state: the rest stays on disk, so exporting needs the memory of
   # the parameters alone.
   restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS,
-                                   only=checkpointing.state_field(field))
+                                   only=checkpointer.state_field(field))
   return cfg, source, int(meta["step"]), getattr(restored["state"], field)
 
 
@@ -99,7 +99,7 @@ def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = Fal
   Raises:
     errors.InputError (a ValueError): `out_dir` exists and is not empty; as `restore_params`.
     ValueError: as `hf_export.export_hf`.
-    checkpointing.MissingCheckpointError, checkpointing.CheckpointIntegrityError: as
+    checkpointer.MissingCheckpointError, checkpointer.CheckpointIntegrityError: as
       `restore_params`.
   """
   if os.path.isdir(out_dir) and os.listdir(out_dir):

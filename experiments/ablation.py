@@ -49,7 +49,7 @@ from absl import logging
 import ml_collections
 
 from agentic_grpo import config as config_lib
-from agentic_grpo import run_lock
+from agentic_grpo.checkpoint import run_lock
 from experiments import ablation_report
 from experiments import tiny_codegen
 

@@ -93,11 +93,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from agentic_grpo import checkpoint_integrity
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
-from agentic_grpo import run_lock
 from agentic_grpo import train
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import integrity as checkpoint_integrity
+from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import eval_only
 
 DONE = "done.json"
@@ -176,9 +176,9 @@ def plan(run: str, cfg: config_lib.TrainConfig, steps: Optional[int] = None) -> 
     raise ControlError(f"{run}/metrics.jsonl has no final RL row (with rl/seconds): the run "
                        f"has not finished its RL phase")
   directory = os.path.join(run, "checkpoints")
-  if not checkpointing.Checkpointer.exists(directory):
+  if not checkpointer.Checkpointer.exists(directory):
     raise ControlError(f"no checkpoints in {run}")
-  ckpt = checkpointing.Checkpointer(directory)
+  ckpt = checkpointer.Checkpointer(directory)
   try:
     if ws not in ckpt.all_steps():
       raise ControlError(
@@ -415,8 +415,8 @@ def _train(run: str, out: str, p: Plan, cfg: config_lib.TrainConfig, pool,
            workflow_factory) -> None:
   """Seeds `out` (once) and trains the control to `ws + N` (skipped once it is there)."""
   directory = os.path.join(out, "checkpoints")
-  if checkpointing.Checkpointer.exists(directory):
-    ckpt = checkpointing.Checkpointer(directory)
+  if checkpointer.Checkpointer.exists(directory):
+    ckpt = checkpointer.Checkpointer(directory)
     try:
       if ckpt.intact_step() == p.control_step:
         return

@@ -9,7 +9,7 @@ under `workdirs/` and prints where:
 
 Restarting with the same `--workdir` resumes from its latest intact checkpoint, unless the
 config changes a field the saved state depends on (`agentic_grpo/config_drift.py`). One run at a
-time holds a workdir (`agentic_grpo/run_lock.py`).
+time holds a workdir (`agentic_grpo/checkpoint/run_lock.py`).
 
 `--show_config` prints every config field with its value, default and doc, then exits.
 

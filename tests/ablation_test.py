@@ -9,8 +9,8 @@ from unittest import mock
 from absl.testing import absltest
 
 from agentic_grpo import config as config_lib
-from agentic_grpo import run_lock
 from agentic_grpo import train
+from agentic_grpo.checkpoint import run_lock
 from experiments import ablation
 from experiments import ablation_report
 

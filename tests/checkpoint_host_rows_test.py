@@ -1,10 +1,10 @@
-"""Tests for agentic_grpo.checkpoint_host_rows (in one process: one row)."""
+"""Tests for agentic_grpo.checkpoint.host_rows (in one process: one row)."""
 
 from absl.testing import absltest
 import jax
 import numpy as np
 
-from agentic_grpo import checkpoint_host_rows as host_rows
+from agentic_grpo.checkpoint import host_rows
 
 _FLAT = {"replay/tokens": np.arange(7, dtype=np.int32), "loop/done": np.array([True, False]),
          "replay/empty": np.zeros((0,), np.float32)}

@@ -1,5 +1,5 @@
-"""Tests for agentic_grpo.checkpoint_layout (saved array trees fitted to today's) and
-agentic_grpo.checkpoint_records (JSON records with required keys and safe defaults)."""
+"""Tests for agentic_grpo.checkpoint.layout (saved array trees fitted to today's) and
+agentic_grpo.checkpoint.records (JSON records with required keys and safe defaults)."""
 
 import os
 
@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_grpo import checkpoint_layout as layout
-from agentic_grpo import checkpoint_records as records
-from agentic_grpo import checkpointing
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import layout
+from agentic_grpo.checkpoint import records
 
 
 def _opt_state(counter=True):
@@ -30,7 +30,7 @@ def _tree(counter=True):
 class PlanTest(absltest.TestCase):
 
   def _saved(self, tree):
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path)
     ck.save(1, tree, {}, {"step": 1})
     return ck, layout.saved_tree(os.path.join(ck.directory, "1", "state"))
 

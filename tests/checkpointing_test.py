@@ -1,4 +1,4 @@
-"""Tests for agentic_grpo.checkpointing."""
+"""Tests for agentic_grpo.checkpoint.checkpointer."""
 
 import json
 import os
@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from agentic_grpo import checkpoint_integrity
-from agentic_grpo import checkpoint_layout
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import integrity as checkpoint_integrity
+from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.models import transformer
 from tests.fixtures import old_checkpoints
 
@@ -33,9 +33,9 @@ _CHILD = textwrap.dedent("""
     import sys, time
     import numpy as np
     from orbax.checkpoint._src.path import atomicity
-    from agentic_grpo import checkpointing
+    from agentic_grpo.checkpoint import checkpointer
 
-    ck = checkpointing.Checkpointer(sys.argv[1])
+    ck = checkpointer.Checkpointer(sys.argv[1])
     ck.save(1, {"w": np.full((4,), 1.0, np.float32)}, {"replay": {"x": np.arange(3)}},
             {"step": 1})
 
@@ -61,7 +61,7 @@ class CheckpointingTest(absltest.TestCase):
     host = {"replay": {"tokens": np.arange(5, dtype=np.int32), "empty": np.zeros((0,), bool)},
             "loop": {"lp": np.linspace(-1, 0, 4).astype(np.float32)}}
     meta = {"phase": "rl", "position": 12, "nested": {"a": [1, None, 2.5]}}
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path)
     ck.save(7, state, host, meta)
     abstract = learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0)
     got_state, got_host, got_meta = ck.restore(None, abstract)
@@ -82,12 +82,12 @@ class CheckpointingTest(absltest.TestCase):
     state = learner.init_state(params, opt, 3)
     moments = lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x
     state = state.replace(opt_state=jax.tree.map(moments, state.opt_state))
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path)
     ck.save(1, {"state": state, "ref": params}, {}, {"phase": "rl"})
     abstract = {"state": learner.init_state(transformer.init_model(cfg, 1)[1], opt, 0),
                 "ref": transformer.init_model(cfg, 1)[1]}
     got, _, _ = ck.restore(None, abstract,
-                           only=checkpointing.state_field("params"))
+                           only=checkpointer.state_field("params"))
     self.assertEqual(jax.tree.structure(got["state"].params), jax.tree.structure(params))
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got["state"].params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -98,7 +98,7 @@ class CheckpointingTest(absltest.TestCase):
     self.assertTrue(all(x is ocp.PLACEHOLDER for x in leaves), [type(x) for x in leaves])
 
   def test_keeps_newest(self):
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path, max_to_keep=2)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path, max_to_keep=2)
     for step in (1, 2, 3):
       ck.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
     self.assertEqual(ck.all_steps(), [2, 3])
@@ -110,7 +110,7 @@ class CheckpointingTest(absltest.TestCase):
 
   def test_kept_steps_survive_rotation_and_damage_handling(self):
     directory = self.create_tempdir().full_path
-    ck = checkpointing.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
+    ck = checkpointer.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
     for step in (1, 2, 3, 4, 5):
       ck.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
     self.assertEqual(ck.all_steps(), [2, 5])
@@ -120,7 +120,7 @@ class CheckpointingTest(absltest.TestCase):
     # A damaged newest checkpoint: the latest restore falls back past it to the kept one and
     # sets the damaged one aside; later saves rotate around the kept step again.
     _delete_manifest(pathlib.Path(directory) / "5")
-    reopened = checkpointing.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
+    reopened = checkpointer.Checkpointer(directory, max_to_keep=1, keep_steps=(2,))
     with self.assertLogs(level="WARNING"):
       _, _, meta = reopened.restore(None, {"w": np.zeros((2,), np.float32)})
     self.assertEqual(meta["step"], 2)
@@ -129,12 +129,12 @@ class CheckpointingTest(absltest.TestCase):
       reopened.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
     self.assertEqual(reopened.all_steps(), [2, 4])
     # Without keep_steps the same saves rotate it away.
-    plain = checkpointing.Checkpointer(self.create_tempdir().full_path, max_to_keep=1)
+    plain = checkpointer.Checkpointer(self.create_tempdir().full_path, max_to_keep=1)
     for step in (1, 2, 3):
       plain.save(step, {"w": np.full((2,), step, np.float32)}, {}, {"step": step})
     self.assertEqual(plain.all_steps(), [3])
     with self.assertRaisesRegex(ValueError, "keep_steps"):
-      checkpointing.Checkpointer(self.create_tempdir().full_path, keep_steps=(-1,))
+      checkpointer.Checkpointer(self.create_tempdir().full_path, keep_steps=(-1,))
 
   def test_sigkill_during_save_leaves_previous_checkpoint(self):
     directory = self.create_tempdir().full_path
@@ -160,7 +160,7 @@ class CheckpointingTest(absltest.TestCase):
         child.wait()
       child.stdout.close()
     self.assertEqual(child.returncode, -signal.SIGKILL)
-    ck = checkpointing.Checkpointer(directory)
+    ck = checkpointer.Checkpointer(directory)
     self.assertEqual(ck.latest_step(), 1)
     state, host, meta = ck.restore(None, {"w": np.zeros((4,), np.float32)})
     np.testing.assert_array_equal(state["w"], np.ones(4))
@@ -238,7 +238,7 @@ class EarlierLayoutTest(parameterized.TestCase):
     old = old_checkpoints.pre_master_state(params, opt, 3)
     moments = lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x
     old = old.replace(step=jnp.int32(5), opt_state=jax.tree.map(moments, old.opt_state))
-    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    ck = checkpointer.Checkpointer(directory, max_to_keep=3)
     for step in steps:
       ck.save(step, {"state": old}, {"replay": {"x": np.arange(3)}}, {"phase": "rl"})
     ck.close()
@@ -250,7 +250,7 @@ class EarlierLayoutTest(parameterized.TestCase):
     old, opt = self._pre_master(directory, param_dtype)
     abstract = {"state": learner.init_state(transformer.init_model(_tiny(param_dtype), 1)[1],
                                             opt, 0)}
-    ck = checkpointing.Checkpointer(directory)
+    ck = checkpointer.Checkpointer(directory)
     low_precision = param_dtype != jnp.float32
     if low_precision:  # The failure: today's tree has a master the checkpoint lacks.
       with self.assertRaisesRegex(checkpoint_layout.LayoutError,
@@ -287,9 +287,9 @@ class EarlierLayoutTest(parameterized.TestCase):
     old, opt = self._pre_master(directory, jnp.bfloat16)
     abstract = {"state": learner.init_state(
         transformer.init_model(_tiny(jnp.bfloat16), 1)[1], opt, 0)}
-    got, _, _ = checkpointing.Checkpointer(directory).restore(
+    got, _, _ = checkpointer.Checkpointer(directory).restore(
         None, abstract, derivations=learner.STATE_DERIVATIONS,
-        only=checkpointing.state_field("params"))
+        only=checkpointer.state_field("params"))
     for a, b in zip(jax.tree.leaves(old.params), jax.tree.leaves(got["state"].params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     leaves = jax.tree.leaves([got["state"].master, got["state"].opt_state])
@@ -301,7 +301,7 @@ class EarlierLayoutTest(parameterized.TestCase):
     directory = self.create_tempdir().full_path
     opt = learner.make_optimizer(config_lib.OptimSection())
     saved = learner.init_state(transformer.init_model(_tiny(jnp.bfloat16), 0)[1], opt, 0)
-    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    ck = checkpointer.Checkpointer(directory, max_to_keep=3)
     for step in (1, 2):
       ck.save(step, {"state": saved}, {}, {"phase": "rl"})
     _truncate_data(pathlib.Path(directory) / "2")
@@ -324,7 +324,7 @@ class EarlierLayoutTest(parameterized.TestCase):
 class IntegrityTest(parameterized.TestCase):
 
   def _save(self, directory, steps):
-    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    ck = checkpointer.Checkpointer(directory, max_to_keep=3)
     for step in steps:
       ck.save(step, _state(step), {"replay": {"x": np.arange(step)}}, {"step": step})
     ck.close()
@@ -343,7 +343,7 @@ class IntegrityTest(parameterized.TestCase):
     directory = self.create_tempdir().full_path
     self._save(directory, [1, 2])
     name = damage(pathlib.Path(directory) / "2")
-    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    ck = checkpointer.Checkpointer(directory, max_to_keep=3)
     with self.assertLogs(level="WARNING") as logs:
       state, host, meta = ck.restore(None, _state(0.0))
     self.assertTrue(any("checkpoint 2" in line and name in line for line in logs.output),
@@ -355,18 +355,18 @@ class IntegrityTest(parameterized.TestCase):
     self.assertEqual(ck.all_steps(), [1])
     self.assertTrue((pathlib.Path(directory + "-damaged") / "2").is_dir())
     ck.save(2, _state(5.0), {}, {"step": 2})
-    self.assertEqual(checkpointing.Checkpointer(directory).intact_step(), 2)
+    self.assertEqual(checkpointer.Checkpointer(directory).intact_step(), 2)
 
   @parameterized.named_parameters(*_DAMAGE)
   def test_damaged_only_checkpoint_is_a_clear_error(self, damage):
     directory = self.create_tempdir().full_path
     self._save(directory, [1])
     name = damage(pathlib.Path(directory) / "1")
-    ck = checkpointing.Checkpointer(directory)
-    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError,
+    ck = checkpointer.Checkpointer(directory)
+    with self.assertRaisesRegex(checkpointer.CheckpointIntegrityError,
                                 rf"no intact checkpoint(.|\n)*checkpoint 1: {name}"):
       ck.restore(None, _state(0.0))
-    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, f"checkpoint 1: {name}"):
+    with self.assertRaisesRegex(checkpointer.CheckpointIntegrityError, f"checkpoint 1: {name}"):
       ck.read_meta(1)
     self.assertEqual(ck.all_steps(), [1])  # nothing is moved when nothing is restored
 
@@ -374,8 +374,8 @@ class IntegrityTest(parameterized.TestCase):
     directory = self.create_tempdir().full_path
     self._save(directory, [1])
     _delete_manifest(pathlib.Path(directory) / "1")
-    ck = checkpointing.Checkpointer(directory)
-    with self.assertRaises(checkpointing.CheckpointIntegrityError):
+    ck = checkpointer.Checkpointer(directory)
+    with self.assertRaises(checkpointer.CheckpointIntegrityError):
       ck.intact_step()
     ck.adopt(1)
     state, _, _ = ck.restore(None, _state(0.0))
@@ -391,7 +391,7 @@ class IntegrityTest(parameterized.TestCase):
     written = manifest.read_text()
     if manifest_text is not None:
       manifest.write_text(manifest_text)
-    ck = checkpointing.Checkpointer(directory)
+    ck = checkpointer.Checkpointer(directory)
     self.assertEqual(ck.problems(1) == [], manifest_text is None)
     ck.adopt(1)
     self.assertEqual(json.loads(manifest.read_text()), json.loads(written))
@@ -405,7 +405,7 @@ class IntegrityTest(parameterized.TestCase):
     self._save(directory, [1, 2])
     for value in (2.0, 3.0):
       _flip(pathlib.Path(directory) / "2")
-      ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+      ck = checkpointer.Checkpointer(directory, max_to_keep=3)
       state, _, _ = ck.restore(None, _state(0.0))
       np.testing.assert_array_equal(state["w"], _state(1.0)["w"])
       ck.save(2, _state(value), {}, {"step": 2})
@@ -432,7 +432,7 @@ class IntegrityTest(parameterized.TestCase):
   def test_set_aside_names_a_target_taken_meanwhile(self):
     root = pathlib.Path(self.create_tempdir().full_path)
     (root / "7").mkdir()
-    path_type = type(checkpointing.epath.Path(root))
+    path_type = type(checkpointer.epath.Path(root))
     with mock.patch.object(path_type, "rename", side_effect=FileExistsError("taken")):
       with self.assertRaisesRegex(FileExistsError, f"{root / '7'}: {root / 'aside' / '7'} was "
                                                    "created meanwhile"):
@@ -444,15 +444,15 @@ class IntegrityTest(parameterized.TestCase):
     # though its own newest checkpoint is 2.
     directory = self.create_tempdir().full_path
     self._save(directory, [1, 2])
-    ck = checkpointing.Checkpointer(directory, max_to_keep=3)
+    ck = checkpointer.Checkpointer(directory, max_to_keep=3)
     broadcast = mock.Mock(return_value=np.int64(1))
     with mock.patch.object(jax, "process_count", return_value=2), \
          mock.patch.object(jax, "process_index", return_value=1), \
-         mock.patch.object(checkpointing.multihost_utils, "broadcast_one_to_all", broadcast), \
-         mock.patch.object(checkpointing.integrity, "verify") as verify:
+         mock.patch.object(checkpointer.multihost_utils, "broadcast_one_to_all", broadcast), \
+         mock.patch.object(checkpointer.integrity, "verify") as verify:
       self.assertEqual(ck.intact_step(), 1)
       broadcast.return_value = np.int64(-1)
-      with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, "process 0"):
+      with self.assertRaisesRegex(checkpointer.CheckpointIntegrityError, "process 0"):
         ck.intact_step()
     verify.assert_not_called()
     self.assertEqual(broadcast.call_count, 2)

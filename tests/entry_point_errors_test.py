@@ -20,13 +20,13 @@ from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import errors
 from agentic_grpo import exit_codes
-from agentic_grpo import run_lock
 from agentic_grpo import train
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.tasks import finite
 from agentic_grpo.tasks import loading
 from agentic_grpo.train import components
@@ -295,8 +295,8 @@ class ClassificationTest(absltest.TestCase):
         (eval_only.WorkdirHeldError("x"), exit_codes.WORKDIR_LOCKED),
         (config_drift.ConfigDriftError("x"), exit_codes.CONFIG_DRIFT),
         (run_lock.WorkdirLockedError("/w", {"host": "h"}), exit_codes.WORKDIR_LOCKED),
-        (checkpointing.CheckpointIntegrityError("x"), exit_codes.CHECKPOINT_DAMAGED),
-        (checkpointing.MissingCheckpointError("x"), exit_codes.CHECKPOINT_DAMAGED),
+        (checkpointer.CheckpointIntegrityError("x"), exit_codes.CHECKPOINT_DAMAGED),
+        (checkpointer.MissingCheckpointError("x"), exit_codes.CHECKPOINT_DAMAGED),
         (train.Preempted(3, "SIGTERM"), exit_codes.PREEMPTED),
         (train.NonFiniteUpdatesError("x"), exit_codes.NO_PROGRESS)):
       self.assertEqual(errors.code_of(error), code, type(error).__name__)

@@ -18,13 +18,13 @@ import tempfile
 from absl.testing import absltest
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
-from agentic_grpo import run_lock
 from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import eval_only
 from experiments import tiny_codegen
 from tests.fixtures import chat_checkpoint
@@ -145,7 +145,7 @@ class CheckpointEvaluationTest(absltest.TestCase):
       eval_only.with_overrides(cfg, num_samples=2)
 
   def test_errors_name_what_is_missing(self):
-    with self.assertRaisesRegex(checkpointing.MissingCheckpointError,
+    with self.assertRaisesRegex(checkpointer.MissingCheckpointError,
                                 r"no checkpoint at step 99 .*steps there: \[1, 2, 3, 4\]"):
       eval_only.evaluate_checkpoint(self.workdir, 99, pool=self.pool)
     missing = os.path.join(self.create_tempdir().full_path, "nope")
@@ -156,7 +156,7 @@ class CheckpointEvaluationTest(absltest.TestCase):
       eval_only.evaluate_checkpoint(empty, pool=self.pool)
     with open(os.path.join(empty, "config.json"), "w") as f:
       json.dump(config_lib.to_dict(_micro_config()), f)
-    with self.assertRaisesRegex(checkpointing.MissingCheckpointError, r"no checkpoint in"):
+    with self.assertRaisesRegex(checkpointer.MissingCheckpointError, r"no checkpoint in"):
       eval_only.evaluate_checkpoint(empty, pool=self.pool)
     with self.assertRaisesRegex(eval_only.WorkdirError, r"holds a run's checkpoints"):
       eval_only.evaluate_model(_micro_config(), self.workdir, pool=self.pool)
@@ -168,7 +168,7 @@ class CheckpointEvaluationTest(absltest.TestCase):
     data = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
     self.assertEqual(eval_only.checkpoint_step(copy, None), 3)  # the newest intact one
-    with self.assertRaisesRegex(checkpointing.CheckpointIntegrityError, r"damaged checkpoint"):
+    with self.assertRaisesRegex(checkpointer.CheckpointIntegrityError, r"damaged checkpoint"):
       eval_only.evaluate_checkpoint(copy, 4, pool=self.pool)
     self.assertTrue(newest.is_dir())  # a named step's evaluation moves nothing aside
 

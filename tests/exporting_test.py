@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
 from agentic_grpo import exporting
 from agentic_grpo import learner
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import sources
 from agentic_grpo.models import transformer
@@ -48,7 +48,7 @@ class ExportRunTest(parameterized.TestCase):
       # A master that the parameters' dtype cannot hold: the export must read it, not a cast.
       master = jax.tree.map(lambda p: p.astype(jnp.float32) + 1e-4, params)
     state = learner.init_state(params, optimizer, 0, master=master)
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
     ckpt.save(1, {"state": state}, {}, {"phase": "warmstart", "step": 1, "counters": {}})
     ckpt.close()
     return workdir, state

@@ -19,7 +19,6 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import replay as replay_lib
@@ -27,6 +26,7 @@ from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.models import placement
 from experiments import tiny_codegen
@@ -255,7 +255,7 @@ class GroupFiltersTest(absltest.TestCase):
     comp = train.build(cfg, pool=self.pool)
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0)}
-    return checkpointing.Checkpointer(os.path.join(workdir, "checkpoints")).restore(
+    return checkpointer.Checkpointer(os.path.join(workdir, "checkpoints")).restore(
         None, abstract)
 
 

@@ -13,7 +13,7 @@ from absl.testing import absltest
 
 from agentic_grpo import config_help
 from agentic_grpo import exit_codes
-from agentic_grpo import run_lock
+from agentic_grpo.checkpoint import run_lock
 from launch import common_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -7,7 +7,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from agentic_grpo import checkpoint_records
 from agentic_grpo import replay as replay_lib
 from agentic_grpo import sandbox
 from agentic_grpo.agent import loop as loop_lib
@@ -16,6 +15,7 @@ from agentic_grpo.agent import stages
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.agent import workflow_config
+from agentic_grpo.checkpoint import records as checkpoint_records
 from agentic_grpo.models import tokenizers
 from agentic_grpo.tasks import synthetic
 

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
 from tests.fixtures import old_checkpoints
@@ -147,7 +147,7 @@ class MixedPrecisionTest(absltest.TestCase):
 
   def test_checkpoint_round_trip_keeps_the_master(self):
     state = self._run(self._fresh(), 2)
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path)
     ck.save(2, state, {}, {"phase": "rl"})
     abstract = learner.init_state(transformer.init_model(_model_config(), 1)[1], self.opt, 0)
     got, _, _ = ck.restore(None, abstract)
@@ -163,7 +163,7 @@ class MixedPrecisionTest(absltest.TestCase):
     # restored with the master derived from its parameters and the moments read as float32,
     # into the learner's shardings, it takes updates like any other state.
     old = old_checkpoints.pre_master_state(self._params(), self.opt)
-    ck = checkpointing.Checkpointer(self.create_tempdir().full_path)
+    ck = checkpointer.Checkpointer(self.create_tempdir().full_path)
     ck.save(2, {"state": old}, {}, {"phase": "warmstart"})
     abstract = {"state": self._fresh()}
     got, _, _ = ck.restore(None, abstract, derivations=learner.STATE_DERIVATIONS)

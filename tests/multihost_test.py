@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from agentic_grpo import checkpoint_host_rows
+from agentic_grpo.checkpoint import host_rows as checkpoint_host_rows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LIMIT_S = 300  # per launch and process; the test waits a minute longer before killing

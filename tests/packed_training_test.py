@@ -12,11 +12,11 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import sandbox
 from agentic_grpo import train
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.train import device as device_lib
@@ -141,7 +141,7 @@ class PackedRunTest(parameterized.TestCase):
     comp = train.build(cfg, pool=self.pool)
     opt = learner.make_optimizer(cfg.optim)
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
-    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ck = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
     return ck.restore(None, {"state": learner.init_state(params, opt, 0)})
 
   def test_packed_run_takes_the_same_updates_and_resumes_exactly(self):

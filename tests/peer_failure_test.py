@@ -21,8 +21,8 @@ import time
 
 from absl.testing import absltest
 
-from agentic_grpo import checkpoint_integrity
 from agentic_grpo import parallel
+from agentic_grpo.checkpoint import integrity as checkpoint_integrity
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _TIMEOUT_S = 15  # config.mesh.collective_timeout_s of the run whose peer is killed

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_grpo import checkpoint_records
 from agentic_grpo import config as config_lib
 from agentic_grpo import replay as replay_lib
+from agentic_grpo.checkpoint import records as checkpoint_records
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import losses as losses_lib
 

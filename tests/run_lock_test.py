@@ -1,4 +1,4 @@
-"""Tests for agentic_grpo.run_lock, with real second processes."""
+"""Tests for agentic_grpo.checkpoint.run_lock, with real second processes."""
 
 import fcntl
 import json
@@ -14,14 +14,14 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from agentic_grpo import run_lock
+from agentic_grpo.checkpoint import run_lock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Takes the lock, says so, then waits (to be killed) or raises (argv[2] == "raise").
 _CHILD = textwrap.dedent("""
     import sys, time
-    from agentic_grpo import run_lock
+    from agentic_grpo.checkpoint import run_lock
     with run_lock.WorkdirLock(sys.argv[1]):
       print("LOCKED", flush=True)
       if sys.argv[2] == "raise":

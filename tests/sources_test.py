@@ -19,13 +19,12 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import exporting
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo import train
-from agentic_grpo.train import device as train_device
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import hf_export
 from agentic_grpo.models import hf_import
@@ -34,6 +33,7 @@ from agentic_grpo.models import sampler
 from agentic_grpo.models import sources
 from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
+from agentic_grpo.train import device as train_device
 
 _CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -222,7 +222,7 @@ class EndToEndTest(parameterized.TestCase):
     os.makedirs(workdir)
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config_lib.to_dict(cfg), f)
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
     tree = {"state": state, "ref": ref} if kl_beta else {"state": state}
     ckpt.save(1, tree, {}, {"phase": "rl", "step": 1, "counters": {}})
     _, _, step, restored = exporting.restore_params(workdir, 1)

@@ -17,8 +17,6 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-from agentic_grpo import checkpoint_layout
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import learner
@@ -27,6 +25,8 @@ from agentic_grpo import train
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.models import placement
 from agentic_grpo.replay import batching
 from agentic_grpo.sandbox import execution
@@ -219,7 +219,7 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual(_tensorboard_tags(workdir),
                      {k for r in rows for k, v in r.items()
                       if k != "step" and isinstance(v, (int, float)) and np.isfinite(v)})
-    self.assertEqual(checkpointing.Checkpointer(os.path.join(workdir, "checkpoints")
+    self.assertEqual(checkpointer.Checkpointer(os.path.join(workdir, "checkpoints")
                                                 ).latest_step(), 2)
 
   def test_metric_names_must_be_tensorboard_tags(self):
@@ -356,7 +356,7 @@ class TrainTest(parameterized.TestCase):
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0),
                 "ref": params}
-    want, got = [checkpointing.Checkpointer(os.path.join(d, "checkpoints")).restore(
+    want, got = [checkpointer.Checkpointer(os.path.join(d, "checkpoints")).restore(
         None, abstract)[0] for d in (full, parts)]
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -392,7 +392,7 @@ class TrainTest(parameterized.TestCase):
                                   "checkpoint.keep_warmstart": keep})
     workdir = self.create_tempdir().full_path
     self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 5)
-    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ck = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
     if not keep:
       self.assertEqual(ck.all_steps(), [5])
       return
@@ -418,7 +418,7 @@ class TrainTest(parameterized.TestCase):
     with self.assertRaisesRegex(train.Preempted, "SIGTERM") as stopped:
       train.run(cfg, parts, pool=self.pool, workflow_factory=SignalingWorkflow)
     self.assertBetween(stopped.exception.step, 2, 5)
-    saved = checkpointing.Checkpointer(os.path.join(parts, "checkpoints"))
+    saved = checkpointer.Checkpointer(os.path.join(parts, "checkpoints"))
     self.assertEqual(saved.latest_step(), stopped.exception.step)
     self.assertEqual(saved.read_meta()["phase"], "rl")
     self.assertEqual(train.run(cfg, parts, pool=self.pool)["step"], 6)
@@ -458,7 +458,7 @@ class TrainTest(parameterized.TestCase):
     opt = learner.make_optimizer(cfg.optim)
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
     abstract = {"state": learner.init_state(params, opt, 0)}
-    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ck = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
     return ck.restore(step, abstract)
 
   def _assert_same(self, want, got, stops):

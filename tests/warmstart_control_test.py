@@ -14,11 +14,11 @@ from unittest import mock
 from absl import flags
 from absl.testing import absltest
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.train import eval_only
 from experiments import tiny_codegen
 from experiments import warmstart_control as control
@@ -89,7 +89,7 @@ class WarmstartControlTest(absltest.TestCase):
                                **kwargs)
 
   def test_the_runs_warmstart_checkpoint_is_kept(self):
-    ck = checkpointing.Checkpointer(os.path.join(self.run_dir, "checkpoints"))
+    ck = checkpointer.Checkpointer(os.path.join(self.run_dir, "checkpoints"))
     self.assertEqual(ck.all_steps(), [WS, WS + RL])
     self.assertEqual(ck.read_meta(WS)["phase"], "warmstart")
 
@@ -154,7 +154,7 @@ class WarmstartControlTest(absltest.TestCase):
     self.assertGreater(drop, 0.0)
     self.assertLess(abs(loss[4] - run_loss[3]), drop / 2)
     self.assertLess(loss[5], run_loss[1] - drop / 2)
-    ck = checkpointing.Checkpointer(os.path.join(out, "checkpoints"))
+    ck = checkpointer.Checkpointer(os.path.join(out, "checkpoints"))
     self.assertEqual(ck.latest_step(), WS + 2)
     self.assertEqual(ck.read_meta()["phase"], "warmstart")
     with open(os.path.join(out, "config.json")) as f:

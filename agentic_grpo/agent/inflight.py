@@ -18,9 +18,9 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from agentic_grpo import checkpoint_records as records
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import records
 
 # One recorded row: `(generated ids [M] int32, behaviour log-probs [M] float32)`.
 Row = tuple[np.ndarray, np.ndarray]

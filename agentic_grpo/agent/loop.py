@@ -49,11 +49,11 @@ from typing import Any, Callable, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from agentic_grpo import checkpoint_records as records
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import inflight
 from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
+from agentic_grpo.checkpoint import records
 from agentic_grpo.core import batched
 from agentic_grpo.tasks import task as task_lib
 

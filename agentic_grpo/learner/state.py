@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agentic_grpo import checkpoint_layout
 from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
+from agentic_grpo.checkpoint import layout as checkpoint_layout
 
 @flax.struct.dataclass
 class TrainState:

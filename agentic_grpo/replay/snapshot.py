@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agentic_grpo import checkpoint_records
+from agentic_grpo.checkpoint import records as checkpoint_records
 from agentic_grpo.replay import records
 
 # A stored row: `(tokens [L] int32, loss_mask [L] bool, behaviour_logprobs [L] f32,

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo import parallel
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
@@ -136,7 +136,7 @@ def initial_policy(comp) -> Any:
   return comp.model_source.params(comp.sharded_model, jax.random.key(comp.cfg.seed))
 
 
-def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[Any, dict]:
+def restore_policy(comp, ckpt: checkpointer.Checkpointer, step: int) -> tuple[Any, dict]:
   """The policy parameters of checkpoint `step` of a run built as `comp`, and its meta.
 
   Reads only the parameters of the saved learner state into an abstract target of `comp`'s
@@ -146,7 +146,7 @@ def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[A
   `make_sample_fn`.
 
   Raises:
-    FileNotFoundError, checkpointing.CheckpointIntegrityError: as `Checkpointer.restore`.
+    FileNotFoundError, checkpointer.CheckpointIntegrityError: as `Checkpointer.restore`.
     ValueError: the checkpoint's tree does not match `comp.cfg` (another model shape).
   """
   meta = ckpt.read_meta(step)
@@ -156,7 +156,7 @@ def restore_policy(comp, ckpt: checkpointing.Checkpointer, step: int) -> tuple[A
   abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
   try:
     restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS,
-                                     only=checkpointing.state_field("params"))
+                                     only=checkpointer.state_field("params"))
   except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
     raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
                      f"(another model shape?): {e}") from e
@@ -254,7 +254,7 @@ class DeviceSide:
     return make_sample_fn(self._comp, seed, temperature=temperature,
                           transfer_guard=self._transfer_guard)
 
-  def restore(self, ckpt: checkpointing.Checkpointer) -> tuple[dict, dict]:
+  def restore(self, ckpt: checkpointer.Checkpointer) -> tuple[dict, dict]:
     """Loads the latest intact checkpoint into the device state; returns its `(host, meta)`.
 
     Raises:

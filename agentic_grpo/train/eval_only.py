@@ -37,13 +37,13 @@ from etils import epath
 import jax
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import exit_codes
-from agentic_grpo import run_lock
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import streams
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import evaluation
@@ -110,15 +110,15 @@ def checkpoint_step(workdir: str, step: Optional[int]) -> int:
   """The step to evaluate: `step`, checked to be there, or the newest intact one when None.
 
   Raises:
-    checkpointing.MissingCheckpointError: no checkpoint at all, or none at `step` (listing the
+    checkpointer.MissingCheckpointError: no checkpoint at all, or none at `step` (listing the
       steps there).
-    checkpointing.CheckpointIntegrityError: checkpoints exist but none is intact (`step` None),
+    checkpointer.CheckpointIntegrityError: checkpoints exist but none is intact (`step` None),
       or checkpoint `step` is damaged.
   """
   directory = os.path.join(workdir, "checkpoints")
-  if not checkpointing.Checkpointer.exists(directory):
-    raise checkpointing.MissingCheckpointError(f"no checkpoint in {directory}")
-  ckpt = checkpointing.Checkpointer(directory)
+  if not checkpointer.Checkpointer.exists(directory):
+    raise checkpointer.MissingCheckpointError(f"no checkpoint in {directory}")
+  ckpt = checkpointer.Checkpointer(directory)
   try:
     return int(ckpt.intact_step()) if step is None else ckpt.require(step)
   finally:
@@ -145,13 +145,13 @@ def evaluate_checkpoint(workdir: str, step: Optional[int] = None, *,
     The record written to `eval/step_<N>.json` (see `_record`).
 
   Raises:
-    WorkdirError, checkpointing.MissingCheckpointError,
-      checkpointing.CheckpointIntegrityError: see `saved_config` and `checkpoint_step`.
+    WorkdirError, checkpointer.MissingCheckpointError,
+      checkpointer.CheckpointIntegrityError: see `saved_config` and `checkpoint_step`.
     ValueError: an invalid config, or a checkpoint whose shapes are not the config's.
   """
   cfg = cfg if cfg is not None else saved_config(workdir)
   step = checkpoint_step(workdir, step)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
 
   def params_of(comp):
     params, meta = device_lib.restore_policy(comp, ckpt, step)
@@ -180,7 +180,7 @@ def evaluate_model(cfg: config_lib.TrainConfig, workdir: str, *, pool=None,
       run holds its lock.
     ValueError: an invalid config or model source (naming the field or file).
   """
-  if checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
+  if checkpointer.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
     raise WorkdirError(f"workdir {workdir} holds a run's checkpoints: evaluate them without a "
                        f"config, or give a fresh workdir to evaluate the model as loaded")
   # It writes config.json and step 0 as a run would: not into a run's workdir while it runs.

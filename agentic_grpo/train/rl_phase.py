@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from absl import logging
 
-from agentic_grpo import checkpoint_records as records
+from agentic_grpo.checkpoint import records
 from agentic_grpo.replay import batching
 from agentic_grpo.train import coordination
 from agentic_grpo.train import device as device_lib

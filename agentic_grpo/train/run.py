@@ -34,7 +34,7 @@ own tasks (training stream positions `p, p + P, ...`; warm-start batches and hel
 likewise split), runs its own episodes, sandbox work and `StagedReplay`, and contributes
 `rows_per_update / P` rows to each global update batch; the agreements are
 `train.coordination`'s. Process 0 writes metrics. Each process's replay, in-flight episodes
-and data position go into the checkpoint as its own row (`checkpointing`).
+and data position go into the checkpoint as its own row (`checkpoint.checkpointer`).
 
 Ends: SIGTERM / SIGINT finish the current step, write a checkpoint and raise
 `preemption.Preempted`. A run that ends without doing what it was asked (the RL phase stopped
@@ -50,11 +50,11 @@ from absl import logging
 from etils import epath
 import numpy as np
 
-from agentic_grpo import checkpointing
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
 from agentic_grpo import parallel
-from agentic_grpo import run_lock
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import metrics as metrics_lib
 from agentic_grpo.train import preemption
@@ -156,7 +156,7 @@ def check_resume(cfg: config_lib.TrainConfig, workdir: str) -> None:
     config_drift.ConfigDriftError: see `run`; `config.json` is then left as it was.
   """
   saved = epath.Path(workdir) / "config.json"
-  if saved.exists() and checkpointing.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
+  if saved.exists() and checkpointer.Checkpointer.exists(os.path.join(workdir, "checkpoints")):
     for change in config_drift.check(json.loads(saved.read_text()), cfg, where=workdir):
       logging.info("resuming with config.%s", change)
 

@@ -16,11 +16,11 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
-from agentic_grpo import checkpoint_records as records
-from agentic_grpo import checkpointing
 from agentic_grpo import replay as replay_lib
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import streams
+from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import records
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import device as device_lib
@@ -88,7 +88,7 @@ class Session:
     # The end of the warm-start is kept through rotation (`checkpoint.keep_warmstart`): later
     # runs start from it (`experiments/warmstart_control.py`).
     self.keep_warmstart = cfg.checkpoint.keep_warmstart and self.ws_steps > 0
-    self.ckpt = checkpointing.Checkpointer(
+    self.ckpt = checkpointer.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep,
         keep_steps=(self.ws_steps,) if self.keep_warmstart else ())
     self.device = device_lib.DeviceSide(comp, transfer_guard=transfer_guard)

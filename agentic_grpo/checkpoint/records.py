@@ -8,7 +8,7 @@ fills it from a default where the default is safe (the value is bookkeeping that
 logged metrics, and starting it afresh changes no update, sample or id), logging a note for
 each one, and raises `RecordError` naming every absent key that has no safe default (the
 checkpoint is left as it is). Which keys default to what is declared where each record is read
-(`checkpointing`'s module docstring lists them).
+(`checkpointer`'s module docstring lists them).
 """
 
 import copy

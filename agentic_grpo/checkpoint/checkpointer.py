@@ -13,7 +13,7 @@ Multi-process runs: every process calls `save` and `restore` at the same step. T
 is one set of global arrays, written shard by shard by the processes that hold them (Orbax
 multi-host saving). Host state is per process (each process has its own replay, in-flight
 episodes and data position): each process's host arrays and meta are one uint8 row of a global
-`[process_count, width]` array (`checkpoint_host_rows`), so that each process writes and reads
+`[process_count, width]` array (`host_rows`), so that each process writes and reads
 back only its own row. The JSON `meta` item holds process
 0's meta (for inspection) and the process count; a checkpoint restores only into a run with the
 same number of processes.
@@ -23,7 +23,7 @@ written, so a process killed during a save (even with SIGKILL) leaves the previo
 the latest restorable one; the half-written directory is ignored and cleaned up.
 
 Integrity: once a save is committed (every process's files), process 0 writes a manifest of
-every file's SHA-256 and size into the step directory (`checkpoint_integrity`). A restore of the
+every file's SHA-256 and size into the step directory (`integrity`). A restore of the
 latest checkpoint verifies the newest checkpoints until one is intact, logs every damaged one by
 step and file, and moves the damaged ones newer than the restored step aside (to
 `<directory>-damaged/<step>`, where they can be inspected and do not block later saves of the
@@ -40,7 +40,7 @@ naming the missing, extra and reshaped paths, before anything is read or moved. 
   saved `params` cast to float32 (`learner.STATE_DERIVATIONS`); for float32 parameters there
   is nothing to derive (`master` is None). Saved bfloat16 AdamW moments of such a checkpoint
   are read as today's float32 moments.
-* JSON records (`checkpoint_records`), a missing key only where a default is safe: the run's
+* JSON records (`records`), a missing key only where a default is safe: the run's
   metric `counters` ({}), `warmstart_passed` (None: no paired gain), `rl_phase` (None: no
   unlogged rows) and its `harvest_rows`/`updates` ([]), `tokens`/`idle_batches` (0); the
   replay's `counters` ({}). Everything else (the loop's ids, counters and in-flight batches,
@@ -58,10 +58,10 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from agentic_grpo import checkpoint_host_rows as host_rows
-from agentic_grpo import checkpoint_integrity as integrity
-from agentic_grpo import checkpoint_layout as layout
 from agentic_grpo import exit_codes
+from agentic_grpo.checkpoint import host_rows
+from agentic_grpo.checkpoint import integrity
+from agentic_grpo.checkpoint import layout
 
 # Orbax refuses zero-size arrays; host arrays are stored with one leading pad element.
 _PAD = 1
@@ -369,7 +369,7 @@ class Checkpointer:
 
     With `step=None`, damaged checkpoints newer than the restored one are logged and moved to
     `<directory>-damaged/` (see the module docstring). Every process must call it. A state
-    saved by an earlier version is fitted to `abstract_state` (`checkpoint_layout`); what was
+    saved by an earlier version is fitted to `abstract_state` (`layout`); what was
     derived or converted is logged and kept in `last_restore_notes`.
 
     Args:

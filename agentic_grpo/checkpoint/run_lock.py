@@ -125,7 +125,7 @@ class WorkdirLock:
           raise WorkdirLockedError(self.workdir, read_holder(self.path)) from None
         raise OSError(e.errno, f"cannot lock workdir {self.workdir} ({self.path}): "
                       f"{e.strerror}; its file system does not support flock (see "
-                      f"agentic_grpo/run_lock.py)") from e
+                      f"agentic_grpo/checkpoint/run_lock.py)") from e
       if _same_file(fd, self.path):
         break
       os.close(fd)  # locked a file its holder deleted on release: lock the path's file
