@@ -23,6 +23,7 @@ from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import integrity as checkpoint_integrity
 from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.models import transformer
+from agentic_grpo.parallel import collectives
 from tests.fixtures import old_checkpoints
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -448,7 +449,7 @@ class IntegrityTest(parameterized.TestCase):
     broadcast = mock.Mock(return_value=np.int64(1))
     with mock.patch.object(jax, "process_count", return_value=2), \
          mock.patch.object(jax, "process_index", return_value=1), \
-         mock.patch.object(checkpointer.multihost_utils, "broadcast_one_to_all", broadcast), \
+         mock.patch.object(collectives.multihost_utils, "broadcast_one_to_all", broadcast), \
          mock.patch.object(checkpointer.integrity, "verify") as verify:
       self.assertEqual(ck.intact_step(), 1)
       broadcast.return_value = np.int64(-1)

@@ -17,7 +17,11 @@ imports, at any depth, is forbidden to it (importing `a.b.c` also runs `a/__init
 * nothing in the package outside `train/` reaches `train/`;
 * the package graph (areas: the sub-packages and the root modules) has no cycle;
 * within `train/`, only `device.py` imports `models/` and `learner` or places batches
-  (`parallel.batch`: `put_batch`, `shard_batch`, `local_rows`, ...): a rule on direct imports.
+  (`parallel.batch`: `put_batch`, `shard_batch`, `local_rows`, ...): a rule on direct imports;
+* only `parallel/` asks `jax` the process questions (`jax.process_count`, `jax.process_index`)
+  or uses `multihost_utils`: the rest of the package asks `parallel` (`process_count`,
+  `is_primary`, `sync_processes`, `broadcast_from_primary`, ...) or the run's coordinator, so
+  that a multi-process question has one answer.
 """
 
 import ast
@@ -173,6 +177,30 @@ def area_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
   return out
 
 
+_PROCESS_QUESTIONS = frozenset({"process_count", "process_index"})
+
+
+def process_questions(source: str) -> list[str]:
+  """`line: what` for each place in `source` that asks `jax` a process question directly
+  (`jax.process_count()`, `jax.process_index()`, also under an alias or imported by name) or
+  imports `multihost_utils`."""
+  tree = ast.parse(source)
+  jax_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+               for a in n.names if a.name == "jax"}
+  out = []
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and node.attr in _PROCESS_QUESTIONS
+        and isinstance(node.value, ast.Name) and node.value.id in jax_names):
+      out.append(f"{node.lineno}: jax.{node.attr}")
+    elif isinstance(node, ast.ImportFrom) and node.module in ("jax", "jax.experimental"):
+      out.extend(f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                 if a.name in _PROCESS_QUESTIONS | {"multihost_utils"})
+    elif isinstance(node, ast.Import):
+      out.extend(f"{node.lineno}: import {a.name}" for a in node.names
+                 if a.name == "jax.experimental.multihost_utils")
+  return sorted(out, key=lambda w: int(w.split(":")[0]))
+
+
 def _sources():
   for path in sorted(PACKAGE.rglob("*.py")):
     rel = path.relative_to(PACKAGE)
@@ -225,6 +253,22 @@ class ImportRulesTest(absltest.TestCase):
                  or m == "agentic_grpo.parallel.batch")
       out.extend(f"{rel}: places batches with parallel.{n}" for n in sorted(names & PLACEMENT))
     self.assertEmpty(out)
+
+  def test_only_parallel_asks_the_process_questions(self):
+    found = {}
+    for path, rel, area in _sources():
+      if area != "parallel":
+        where = process_questions(path.read_text())
+        if where:
+          found[str(rel)] = where
+    self.assertEmpty(found, "ask parallel (process_count, is_primary, sync_processes, ...)")
+
+  def test_a_planted_process_question_is_caught(self):
+    source = ("import jax\nimport jax as j\nfrom jax.experimental import multihost_utils\n"
+              "n = jax.process_count()\nk = j.process_index()\nd = jax.devices()\n"
+              "from jax import process_index\nimport jax.experimental.multihost_utils\n")
+    self.assertEqual([w.split(":")[0] for w in process_questions(source)],
+                     ["3", "4", "5", "7", "8"])
 
   def test_the_parser_sees_the_import_forms(self):
     probe = PACKAGE / "train" / "evaluation.py"

@@ -54,11 +54,11 @@ from typing import Any, Callable, Optional, Sequence
 from absl import logging
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_grpo import exit_codes
+from agentic_grpo import parallel
 from agentic_grpo.checkpoint import host_rows
 from agentic_grpo.checkpoint import integrity
 from agentic_grpo.checkpoint import layout
@@ -76,19 +76,6 @@ class CheckpointIntegrityError(RuntimeError):
   """Checkpoints exist but none that was asked for is intact (the message names each damaged
   step and file)."""
   exit_code = exit_codes.CHECKPOINT_DAMAGED
-
-
-def _sync(name: str) -> None:
-  """A barrier across processes (nothing in a one-process run)."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
-def _from_process_0(value: int) -> int:
-  """Process 0's `value` in every process."""
-  if jax.process_count() == 1:
-    return value
-  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
 
 
 def _pad(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -200,7 +187,7 @@ class Checkpointer:
       raise ValueError(f"meta must not contain the reserved keys {reserved}")
     if any(group.startswith("_") for group in host):
       raise ValueError(f"host groups must not start with '_', got {sorted(host)}")
-    if jax.process_count() > 1:
+    if parallel.process_count() > 1:
       self._save_per_process(step, state, host, meta)
       return
     flat = _flatten_host(host)
@@ -222,7 +209,7 @@ class Checkpointer:
     flat = _flatten_host(host)
     flat[_FORMAT_KEY] = np.array([_FORMAT_VERSION], np.int32)
     rows, width = host_rows.global_rows(host_rows.encode_row(flat, meta))
-    shared = dict(meta, process_count=jax.process_count(), host_blob_width=width)
+    shared = dict(meta, process_count=parallel.process_count(), host_blob_width=width)
     self._manager.save(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         host_rows=ocp.args.StandardSave({"rows": rows}),
@@ -235,11 +222,11 @@ class Checkpointer:
   def _finish_save(self, step: int) -> None:
     """Waits for the commit of every process's files, then process 0 writes the manifest."""
     self._manager.wait_until_finished()
-    _sync(f"checkpoint_committed_{step}")
-    if jax.process_index() == 0:
+    parallel.sync_processes(f"checkpoint_committed_{step}")
+    if parallel.is_primary():
       integrity.write_manifest(self._step_dir(step))
     self._problems.pop(int(step), None)
-    _sync(f"checkpoint_manifest_{step}")
+    parallel.sync_processes(f"checkpoint_manifest_{step}")
 
   def adopt(self, step: int) -> None:
     """Writes the integrity manifest of checkpoint `step` as it is now.
@@ -253,10 +240,10 @@ class Checkpointer:
     """
     if int(step) not in self.all_steps():
       raise MissingCheckpointError(f"no checkpoint {step} in {self.directory}")
-    if jax.process_index() == 0:
+    if parallel.is_primary():
       integrity.write_manifest(self._step_dir(step))
     self._problems.pop(int(step), None)
-    _sync(f"checkpoint_adopt_{step}")
+    parallel.sync_processes(f"checkpoint_adopt_{step}")
 
   def problems(self, step: int) -> list[integrity.Problem]:
     """What is wrong with checkpoint `step` (empty when intact); hashes every file once."""
@@ -280,7 +267,7 @@ class Checkpointer:
     if not steps:
       return None
     choice, damaged = -1, []
-    if jax.process_index() == 0:
+    if parallel.is_primary():
       for step in reversed(steps):
         found = self.problems(step)
         if not found:
@@ -288,14 +275,14 @@ class Checkpointer:
           break
         damaged.append(integrity.describe(step, found))
         logging.warning("damaged %s in %s", damaged[-1], self.directory)
-    choice = _from_process_0(choice)
+    choice = parallel.broadcast_from_primary(choice)
     if choice < 0:
       detail = ("\n  ".join(damaged) if damaged else "see process 0's log")
       raise CheckpointIntegrityError(
           f"no intact checkpoint in {self.directory} (steps {steps}):\n  {detail}\nMove the "
           f"workdir aside to start afresh, or, for a checkpoint known to be good that predates "
           f"integrity manifests, call Checkpointer(...).adopt(step).")
-    if choice != steps[-1] and jax.process_index() == 0:
+    if choice != steps[-1] and parallel.is_primary():
       logging.warning("restoring checkpoint %d of %s, the newest intact one", choice,
                       self.directory)
     return choice
@@ -308,7 +295,7 @@ class Checkpointer:
       MissingCheckpointError: none at `step`; the message lists the steps there.
     """
     steps = self.all_steps()
-    if not _from_process_0(int(int(step) in steps) if jax.process_index() == 0 else 0):
+    if not parallel.broadcast_from_primary(int(int(step) in steps) if parallel.is_primary() else 0):
       raise MissingCheckpointError(f"no checkpoint at step {step} in {self.directory}; steps "
                                    f"there: {steps}")
     return int(step)
@@ -326,10 +313,10 @@ class Checkpointer:
         raise MissingCheckpointError(f"no checkpoint in {self.directory}")
       return step
     step = self.require(step)
-    ok = _from_process_0(int(not self.problems(step)) if jax.process_index() == 0 else 0)
+    ok = parallel.broadcast_from_primary(int(not self.problems(step)) if parallel.is_primary() else 0)
     if not ok:
       detail = (integrity.describe(step, self.problems(step), None)
-                if jax.process_index() == 0 else "see process 0's log")
+                if parallel.is_primary() else "see process 0's log")
       raise CheckpointIntegrityError(f"damaged checkpoint in {self.directory}: {detail}")
     return int(step)
 
@@ -338,13 +325,13 @@ class Checkpointer:
     newer = [s for s in self.all_steps() if s > step]
     if not newer:
       return
-    if jax.process_index() == 0:
+    if parallel.is_primary():
       aside = epath.Path(str(self.directory).rstrip("/") + "-damaged")
       stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
       for s in newer:
         target = integrity.set_aside(self._step_dir(s), aside, stamp=stamp)
         logging.warning("moved damaged checkpoint %d to %s", s, target)
-    _sync(f"checkpoint_set_aside_{step}")
+    parallel.sync_processes(f"checkpoint_set_aside_{step}")
     for s in newer:
       self._problems.pop(s, None)
     self._manager.reload()
@@ -404,9 +391,9 @@ class Checkpointer:
       self._set_aside_newer(step)
     meta = self.read_meta(step)
     written_by = int(meta.get("process_count", 1))
-    if written_by != jax.process_count():
+    if written_by != parallel.process_count():
       raise ValueError(f"checkpoint {step} in {self.directory} holds the host state of "
-                       f"{written_by} processes; this run has {jax.process_count()}")
+                       f"{written_by} processes; this run has {parallel.process_count()}")
     self.last_restore_notes = fit.notes
     for note in fit.notes:
       logging.warning("checkpoint %d in %s (an earlier layout): %s", step, self.directory, note)

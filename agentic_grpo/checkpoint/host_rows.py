@@ -18,8 +18,9 @@ import json
 from typing import Any
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
+
+from agentic_grpo import parallel
 
 META_ENTRY = "_meta"  # the per-process meta inside a process's row
 _LENGTH_BYTES = 8
@@ -32,7 +33,7 @@ def row_sharding() -> jax.sharding.NamedSharding:
   Raises:
     ValueError: processes hold different numbers of devices.
   """
-  count = jax.process_count()
+  count = parallel.process_count()
   devices = [[d for d in jax.devices() if d.process_index == p] for p in range(count)]
   if len({len(d) for d in devices}) != 1:
     raise ValueError(f"processes hold different numbers of devices "
@@ -101,12 +102,12 @@ def global_rows(row: np.ndarray) -> tuple[jax.Array, int]:
     process `p`'s row zero-padded to `width`, the smallest power of two >= 1024 that holds the
     longest row.
   """
-  sizes = np.asarray(multihost_utils.process_allgather(np.int64(row.size)))
+  sizes = parallel.host_allgather(np.int64(row.size))
   width = 1 << max(_MIN_WIDTH_BITS, int(sizes.max() - 1).bit_length())
   padded = np.zeros((1, width), np.uint8)
   padded[0, :row.size] = row
   rows = jax.make_array_from_process_local_data(row_sharding(), padded,
-                                                (jax.process_count(), width))
+                                                (parallel.process_count(), width))
   return rows, width
 
 

@@ -24,10 +24,10 @@ from typing import Any, Optional
 from flax import nnx
 from flax import traverse_util
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 from safetensors.numpy import save_file
 
+from agentic_grpo import parallel
 from agentic_grpo.models import hf_config
 from agentic_grpo.models import hf_layout
 from agentic_grpo.models import transformer
@@ -55,9 +55,7 @@ def to_hf_tensor(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
+  return parallel.fetch(x)  # gathered from other processes' devices where it spans them
 
 
 def _shard_names(n: int) -> list[str]:
@@ -93,12 +91,12 @@ def _write_tensors(tmp: str, specs: dict, flat: dict, shard_bytes: int) -> None:
       host = _to_host(flat[path])  # every process takes part in the gather
       tensors[specs[path].name] = np.ascontiguousarray(to_hf_tensor(host, specs[path].kind))
       total += host.nbytes
-    if jax.process_index() == 0:
+    if parallel.is_primary():
       save_file(tensors, os.path.join(tmp, name), metadata={"format": "pt"})
       _readable_like_the_rest(os.path.join(tmp, name))
     weight_map.update({t: name for t in tensors})
     del tensors
-  if len(names) > 1 and jax.process_index() == 0:
+  if len(names) > 1 and parallel.is_primary():
     with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(
           weight_map.items()))}, f, indent=2)
@@ -156,11 +154,11 @@ def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, 
     raise ValueError(f"params do not match the model config: differing paths "
                      f"{sorted(set(flat) ^ set(specs), key=str)[:5]}")
   tmp = out_dir.rstrip("/") + ".partial"
-  if jax.process_index() == 0:
+  if parallel.is_primary():
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
   _write_tensors(tmp, specs, flat, shard_bytes)
-  if jax.process_index() == 0:
+  if parallel.is_primary():
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(hf, f, indent=2)
     copied = _copy_tokenizer(source_dir, tmp) if source_dir else False
@@ -168,8 +166,7 @@ def export_hf(out_dir: str, config: transformer.ModelConfig, params: nnx.State, 
       with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
         json.dump(generation, f, indent=2)
     _move_into_place(tmp, out_dir)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(f"export_hf:{out_dir}")
+  parallel.sync_processes(f"export_hf:{out_dir}")
   return out_dir
 
 

@@ -5,7 +5,9 @@
 * `batch`: placing batches of rows on the mesh (`put_batch`, `shard_batch`) and
   reading a process's rows back (`local_rows`).
 * `collectives`: the multi-process runtime (`initialize_distributed`), host
-  collectives (`host_allgather`, `allgather_json`, `fetch`) and the peer-failure
+  collectives (`host_allgather`, `allgather_json`, `fetch`, `sync_processes`,
+  `broadcast_from_primary`), the process questions (`process_count`, `process_index`,
+  `is_primary`: the package asks them here, nowhere else) and the peer-failure
   timeout around them (`peer_watchdog`).
 
 Model placement (parameters, optimizer state, KV cache) is `models/placement.py`.
@@ -18,6 +20,7 @@ from agentic_grpo.parallel.batch import put_batch
 from agentic_grpo.parallel.batch import row_sharding
 from agentic_grpo.parallel.batch import shard_batch
 from agentic_grpo.parallel.collectives import allgather_json
+from agentic_grpo.parallel.collectives import broadcast_from_primary
 from agentic_grpo.parallel.collectives import ENV_COORDINATOR
 from agentic_grpo.parallel.collectives import ENV_DISTRIBUTED
 from agentic_grpo.parallel.collectives import ENV_NUM_PROCESSES
@@ -28,7 +31,10 @@ from agentic_grpo.parallel.collectives import host_allgather
 from agentic_grpo.parallel.collectives import initialize_distributed
 from agentic_grpo.parallel.collectives import is_primary
 from agentic_grpo.parallel.collectives import peer_watchdog
+from agentic_grpo.parallel.collectives import process_count
+from agentic_grpo.parallel.collectives import process_index
 from agentic_grpo.parallel.collectives import process_slice
+from agentic_grpo.parallel.collectives import sync_processes
 from agentic_grpo.parallel.mesh import BATCH_AXES
 from agentic_grpo.parallel.mesh import canonical_rules
 from agentic_grpo.parallel.mesh import DEFAULT_RULES

@@ -303,6 +303,41 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
+def process_count() -> int:
+  """The number of processes in the run (1 without `jax.distributed`).
+
+  The one place outside `jax` that answers it: the rest of the package asks here (or the run's
+  `train.coordination.Coordinator`), so that every multi-process question has one answer.
+  """
+  return jax.process_count()
+
+
+def process_index() -> int:
+  """This process's index, in `[0, process_count())`."""
+  return jax.process_index()
+
+
+def sync_processes(name: str) -> None:
+  """A barrier across processes named `name` (the same string in every process); nothing in a
+  one-process run.
+
+  Not under `peer_watchdog`: a barrier may wait on long work in one process (process 0 hashing
+  a large checkpoint for its manifest), longer than the collective timeout.
+  """
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def broadcast_from_primary(value: int) -> int:
+  """Process 0's integer `value`, in every process (a collective; `value` itself in a
+  one-process run). For decisions one process makes and all must follow (which checkpoint
+  step to restore, whether it is intact)."""
+  if jax.process_count() == 1:
+    return int(value)
+  # Not watched, as `sync_processes`: process 0 may verify a large checkpoint first.
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
 def host_allgather(x: Any) -> np.ndarray:
   """Every process's value of a host array, stacked: `[process_count, *x.shape]`.
 

@@ -26,7 +26,6 @@ import abc
 import dataclasses
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 
 from agentic_grpo import parallel
@@ -167,8 +166,8 @@ class MultiProcessCoordinator(Coordinator):
   same point; `parallel.peer_watchdog` ends the process when a peer does not)."""
 
   def __init__(self):
-    self.process_index = jax.process_index()
-    self.process_count = jax.process_count()
+    self.process_index = parallel.process_index()
+    self.process_count = parallel.process_count()
 
   def _gather_ints(self, values):
     return parallel.host_allgather(np.asarray(values, np.int64))
@@ -184,5 +183,5 @@ class MultiProcessCoordinator(Coordinator):
 
 
 def make_coordinator() -> Coordinator:
-  """The coordinator for this run's processes (`jax.process_count()`)."""
-  return MultiProcessCoordinator() if jax.process_count() > 1 else LocalCoordinator()
+  """The coordinator for this run's processes (`parallel.process_count()`)."""
+  return MultiProcessCoordinator() if parallel.process_count() > 1 else LocalCoordinator()

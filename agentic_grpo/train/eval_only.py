@@ -34,12 +34,12 @@ import os
 from typing import Any, Callable, Optional, Sequence
 
 from etils import epath
-import jax
 import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import exit_codes
+from agentic_grpo import parallel
 from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import streams
 from agentic_grpo.checkpoint import checkpointer
@@ -184,7 +184,7 @@ def evaluate_model(cfg: config_lib.TrainConfig, workdir: str, *, pool=None,
     raise WorkdirError(f"workdir {workdir} holds a run's checkpoints: evaluate them without a "
                        f"config, or give a fresh workdir to evaluate the model as loaded")
   # It writes config.json and step 0 as a run would: not into a run's workdir while it runs.
-  lock = run_lock.WorkdirLock(workdir, enabled=jax.process_index() == 0)
+  lock = run_lock.WorkdirLock(workdir, enabled=parallel.is_primary())
   try:
     lock.acquire()
   except run_lock.WorkdirLockedError as e:
