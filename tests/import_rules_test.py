@@ -10,8 +10,8 @@ imports, at any depth, is forbidden to it (importing `a.b.c` also runs `a/__init
 * `sandbox/` (untrusted code in, verdicts out) reaches none of `agent/`, `replay/`, `config/`,
   the device side or `train/`;
 * `models/` and `learner` reach nothing of the host wing (`agent/`, `replay/`, `sandbox/`,
-  `tasks/`) nor `train/`, except through `config/` (`learner` takes its config sections from
-  there; the hub is recorded in `CONFIG_HUB` and the test fails once it is no longer needed);
+  `tasks/`) nor `config/` nor `train/` (the learner's sections live with it:
+  `learner/sections.py`);
 * the host wing reaches nothing of the device side (`models/`, `learner`, `parallel/`) nor
   `train/`: of the device side, only `core/` (pure math on arrays);
 * nothing in the package outside `train/` reaches `train/`;
@@ -35,9 +35,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentic_grpo"
 HOST_WING = ("agent", "replay", "sandbox", "tasks")
 DEVICE_SIDE = ("models", "learner", "parallel")
-# Areas whose modules `models/` and `learner` may reach through `config/` (until the config
-# sections they take live with them).
-CONFIG_HUB = frozenset({"agent", "replay", "sandbox", "tasks"})
 # Names of batch placement (parallel/batch.py) that `parallel` re-exports.
 PLACEMENT = frozenset(n for n in vars(batch_lib) if not n.startswith("_")
                       and callable(getattr(batch_lib, n))
@@ -128,10 +125,7 @@ def reach_violations(graph: dict[str, set[str]]) -> list[str]:
       forbidden |= {m for m in reached if _area(m) in (
           "agent", "replay", "config", "train") + DEVICE_SIDE}
     if area in ("models", "learner"):
-      past_hub = reach(graph, module, through=lambda m: _area(m) != "config")
-      forbidden |= {m for m in past_hub if _area(m) in HOST_WING + ("train",)}
-      forbidden |= {m for m in reached if _area(m) in HOST_WING + ("train",)
-                    and _area(m) not in CONFIG_HUB}
+      forbidden |= {m for m in reached if _area(m) in HOST_WING + ("config", "train")}
     if area in HOST_WING:
       forbidden |= {m for m in reached if _area(m) in DEVICE_SIDE + ("train",)}
     if area != "train":
@@ -226,14 +220,6 @@ class ImportRulesTest(absltest.TestCase):
 
   def test_transitive_rules_hold(self):
     self.assertEmpty(reach_violations(self.graph))
-
-  def test_the_config_hub_allowance_is_still_needed(self):
-    # Once `models/` and `learner` no longer reach the host wing through `config/`, drop the
-    # allowance (CONFIG_HUB) so that the rule is transitive without exception.
-    via_hub = {_area(m) for m in reach(self.graph, "agentic_grpo.learner")
-               if _area(m) in HOST_WING}
-    self.assertTrue(via_hub, "learner reaches no host code any more: empty CONFIG_HUB")
-    self.assertLessEqual(via_hub, CONFIG_HUB)
 
   def test_no_package_cycle(self):
     self.assertEmpty(area_cycles(self.graph))

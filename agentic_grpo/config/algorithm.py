@@ -1,13 +1,11 @@
 """Config sections of the Agentic GRPO algorithm: the RL phase, the loss, corrections, replay."""
 
 import dataclasses
-import math
 
 from agentic_grpo import replay as replay_lib
-from agentic_grpo.config import checks
+from agentic_grpo import field_checks as checks
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import correction as correction_lib
-from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
 
 
@@ -165,58 +163,6 @@ class RLSection:
     return core_types.SamplingTransform(
         self.temperature if temperature is None else temperature, self.top_k, self.top_p,
         vocab_limit)
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSection:
-  """`core.losses` options (docs/design.md §2).
-
-  With stage rewards and corrections, use `aggregation='seq_mean_token_sum_norm'` (Dr. GRPO's
-  constant normaliser `rows · max_tokens`): a segment's provisional update and its correction
-  are applied in different batches, and only a normaliser that ignores a batch's contents makes
-  them add up to the target's update (`tests/losses_test.py`, cross-batch identity).
-
-  `dual_clip` > 1 bounds the loss of negative-advantage tokens at `dual_clip · |A|` (dual-clip
-  PPO, Ye et al., 2020); 0 disables it.
-
-  Attributes:
-    eps_low: lower PPO clip range, in [0, 1).
-    eps_high: upper PPO clip range (DAPO's clip-higher).
-    ratio_level: importance ratio per `token` or per `sequence`.
-    aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
-    max_tokens: the constant normaliser of `seq_mean_token_sum_norm` (> 0 with it).
-    kl_beta: weight of the KL penalty to the warm-start policy (0 = off).
-    kl_estimator: KL estimator: `k1`, `k2` or `k3`.
-    entropy_coef: entropy bonus weight (>= 0; 0 = off): the loss subtracts entropy_coef
-      times the policy's token entropy at the RL temperature, aggregated like the policy loss
-      (Mnih et al., 2016; Schulman et al., 2017, PPO). Logged as loss/entropy either way.
-    dual_clip: dual-clip bound on negative-advantage token losses (0 = off, else > 1).
-  """
-  eps_low: float = 0.2
-  eps_high: float = 0.28
-  ratio_level: str = "token"
-  aggregation: str = "token_mean"
-  max_tokens: int = 0
-  kl_beta: float = 0.0
-  kl_estimator: str = "k3"
-  entropy_coef: float = 0.0
-  dual_clip: float = 0.0
-
-  def validate(self, path: str) -> None:
-    checks.check(self.dual_clip == 0.0 or self.dual_clip > 1.0, f"{path}.dual_clip",
-                 "must be 0 (off) or > 1", self.dual_clip)
-    checks.check(0.0 <= self.eps_low < 1.0, f"{path}.eps_low", "must be in [0, 1)", self.eps_low)
-    checks.check(self.eps_high >= 0.0, f"{path}.eps_high", "must be >= 0", self.eps_high)
-    checks.choice(f"{path}.ratio_level", self.ratio_level, losses_lib.RATIO_LEVELS)
-    checks.choice(f"{path}.aggregation", self.aggregation, losses_lib.AGGREGATIONS)
-    if self.aggregation == "seq_mean_token_sum_norm":
-      checks.check(self.max_tokens > 0, f"{path}.max_tokens",
-                   "must be > 0 with aggregation seq_mean_token_sum_norm", self.max_tokens)
-    checks.check(self.kl_beta >= 0.0, f"{path}.kl_beta", "must be >= 0", self.kl_beta)
-    checks.choice(f"{path}.kl_estimator", self.kl_estimator, losses_lib.KL_ESTIMATORS)
-    checks.check(math.isfinite(self.entropy_coef) and self.entropy_coef >= 0.0,
-                 f"{path}.entropy_coef", "must be a finite number >= 0 (0 = off)",
-                 self.entropy_coef)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import dataclasses
 import math
 
-from agentic_grpo.config import checks
+from agentic_grpo import field_checks as checks
 from agentic_grpo.models import sources as model_sources
 from agentic_grpo.tasks import sources as task_sources
 from agentic_grpo.tasks import stdio_problems

@@ -5,7 +5,7 @@ import dataclasses
 import math
 
 from agentic_grpo import sandbox as sandbox_lib
-from agentic_grpo.config import checks
+from agentic_grpo import field_checks as checks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,11 @@ from absl import logging
 from agentic_grpo import errors
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.config import algorithm
-from agentic_grpo.config import checks
+from agentic_grpo import field_checks as checks
 from agentic_grpo.config import model_task
 from agentic_grpo.config import optimization
 from agentic_grpo.config import runtime
+from agentic_grpo.learner import sections as learner_sections
 
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
@@ -49,10 +50,10 @@ class TrainConfig:
   workflow: workflow_config.WorkflowConfig = workflow_config.WorkflowConfig()
   sandbox: runtime.SandboxSection = runtime.SandboxSection()
   rl: algorithm.RLSection = algorithm.RLSection()
-  loss: algorithm.LossSection = algorithm.LossSection()
+  loss: learner_sections.LossSection = learner_sections.LossSection()
   correction: algorithm.CorrectionSection = algorithm.CorrectionSection()
   replay: algorithm.ReplaySection = algorithm.ReplaySection()
-  optim: optimization.OptimSection = optimization.OptimSection()
+  optim: learner_sections.OptimSection = learner_sections.OptimSection()
   warmstart: optimization.WarmstartSection = optimization.WarmstartSection()
   eval: runtime.EvalSection = runtime.EvalSection()
   checkpoint: runtime.CheckpointSection = runtime.CheckpointSection()

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
 from agentic_grpo.checkpoint import layout as checkpoint_layout
+from agentic_grpo.learner import sections
 
 @flax.struct.dataclass
 class TrainState:
@@ -51,7 +51,7 @@ STATE_DERIVATIONS = (
 
 
 @functools.lru_cache(maxsize=32)
-def make_optimizer(optim: config_lib.OptimSection, *, learning_rate: Optional[float] = None,
+def make_optimizer(optim: sections.OptimSection, *, learning_rate: Optional[float] = None,
                    warmup_steps: Optional[int] = None, decay_steps: int = 0,
                    final_lr_fraction: float = 1.0) -> optax.GradientTransformation:
   """AdamW with linear warm-up and clipping, skipping non-finite updates.

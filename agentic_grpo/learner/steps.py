@@ -5,19 +5,19 @@ See the package docstring (`agentic_grpo.learner`) for what each loss term sees.
 """
 
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import optax
 
-from agentic_grpo import config as config_lib
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import packing
 from agentic_grpo.core import types as core_types
 from agentic_grpo.learner.shardings import Shardings
+from agentic_grpo.learner import sections
 from agentic_grpo.learner import state as state_lib
 from agentic_grpo.learner.state import TrainState
 from agentic_grpo.models import transformer
@@ -136,7 +136,7 @@ class CountedJit:
     return self._jitted.lower(*args)
 
 
-def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
+def make_update_step(graphdef: nnx.GraphDef, cfg: Any,
                      optimizer: optax.GradientTransformation, *,
                      shardings: Optional[Shardings] = None, vocab_limit: int = 0):
   """Builds the jitted Agentic GRPO update `(state, batch, ref_params) -> (state, metrics)`.
@@ -147,8 +147,9 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
   Args:
     graphdef: the model structure (static).
-    cfg: the run config; uses `loss`, `rl` (micro_batches, rows_per_update, sampling
-      transform).
+    cfg: the run config (`config.TrainConfig`, or anything with its `loss` and `rl` sections:
+      the learner imports no `config/`); uses `loss` (`sections.LossSection`) and `rl`
+      (micro_batches, rows_per_update, the sampling transform).
     optimizer: from `make_optimizer`.
     shardings: in/out shardings; replicated on one device by default.
     vocab_limit: the sampler's `SamplingTransform.vocab_limit` (the tokenizer's vocabulary
@@ -187,7 +188,7 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
 
 
 @functools.lru_cache(maxsize=16)
-def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
+def _update_step(graphdef, loss_cfg: sections.LossSection, micro_batches: int,
                  num_rows: Optional[int], transform: core_types.SamplingTransform, optimizer,
                  shardings: Shardings):
   """The cached body of `make_update_step`."""
@@ -245,7 +246,7 @@ def _update_step(graphdef, loss_cfg: config_lib.LossSection, micro_batches: int,
                     out_shardings=(shardings.state, None), donate_argnums=(0,))
 
 
-def make_sft_step(graphdef: nnx.GraphDef, cfg: config_lib.TrainConfig,
+def make_sft_step(graphdef: nnx.GraphDef, cfg: Any,
                   optimizer: optax.GradientTransformation, *,
                   shardings: Optional[Shardings] = None, vocab_limit: int = 0):
   """Builds the jitted supervised warm-start step `(state, batch) -> (state, metrics)`.

@@ -1,4 +1,6 @@
-"""Field checks shared by the config sections: each error names the field by its dotted path.
+"""Field checks shared by the config sections, wherever a section lives (`config/` assembles
+them; a section kept by its owner, as `learner/sections.py`, checks its fields here too): each
+error names the field by its dotted path.
 
 Every error is an `errors.InputError` (a `ValueError`): an entry point reports it as one line
 with exit code `exit_codes.CONFIG_ERROR`.
