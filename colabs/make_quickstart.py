@@ -98,7 +98,8 @@ single it out: a wrong piece that passes them earns its stage reward and sinks t
 Four attempts of the same task: member 0 writes the reference; member 1 writes an *ambiguous*
 wrong piece (it passes its examples); member 2 writes a piece that fails its examples; member 3
 writes nothing parseable at stage 2."""),
-code("""from agentic_grpo.agent import references, sandbox, workflow, workflow_config
+code("""from agentic_grpo import sandbox
+from agentic_grpo.agent import references, workflow, workflow_config
 from agentic_grpo.core import advantages, correction
 from agentic_grpo.tasks import long_horizon, synthetic
 

@@ -17,7 +17,8 @@ code("""import numpy as np
 import jax
 import jax.numpy as jnp
 
-from agentic_grpo.agent import references, sandbox, workflow, workflow_config
+from agentic_grpo import sandbox
+from agentic_grpo.agent import references, workflow, workflow_config
 from agentic_grpo.core import advantages, correction, losses
 from agentic_grpo.tasks import synthetic"""),
 md("""## A task and its reference episode
