@@ -92,14 +92,13 @@ class RLPhase:
     s = self.s
     if s.phase != "rl":
       return
-    s.rl_state = self
     budget = s.cfg.rl.episode_budget
     while s.step < s.total and not s.stopping():
       if budget and s.coord.total(s.agent.counters["episodes"]) >= budget:
         break
       agreed = self._agree()
       if agreed.stop:
-        s.preempted = True
+        s.stop_agreed()
         break
       if s.cfg.rl.max_idle_batches and agreed.idle_batches >= s.cfg.rl.max_idle_batches:
         self._end_without_signal(agreed.idle_batches)
@@ -144,12 +143,12 @@ class RLPhase:
         "token_slots": rows * buckets[0]}
     pending = s.device.update(batch.update if batch is not None else None, rows, buckets)
     self.busy["learner"] += time.time() - t0
-    s.step += 1
+    s.advance()
     self.updates_run += 1
     self.idle_batches = 0
     if s.cfg.rl.dynamic_sampling:
       self.waited_batches = 0
-      s.counters["dynamic_sampling_partial_updates"] += int(partial and s.coord.is_primary)
+      s.count("dynamic_sampling_partial_updates", int(partial and s.coord.is_primary))
     self.updates.append((pending, {k: float(v) for k, v in sorted(stats.items())}))
     self.tokens += pending.tokens
     eval_due = session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps)
@@ -159,7 +158,7 @@ class RLPhase:
       s.metrics.write_transcripts(s.step, s.agent.transcripts(s.cfg.log.transcripts))
     s.metrics.progress(s.step, "rl")
     if s.step < s.total:
-      s.checkpoint()
+      s.checkpoint(rl_phase=self.state_dict)
 
   def _agent_step(self) -> None:
     s = self.s
@@ -198,7 +197,7 @@ class RLPhase:
     s = self.s
     logging.warning("%d episode batches in a row gave no learning signal on any process "
                     "(%s); ending the RL phase at step %d", idle, self._idle_cause(), s.step)
-    s.counters["rl_ended_without_signal"] += int(s.coord.is_primary)
+    s.count("rl_ended_without_signal", int(s.coord.is_primary))
     self.ended_without_signal = True
 
   # ------------------------------------------------------------------------------- logging
@@ -233,8 +232,8 @@ class RLPhase:
     if final:
       row.update(metrics_lib.rl_phase_totals(row, self.rl_seconds, s.cfg.rl.group_size))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
-      s.last_eval, _ = evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
-                                           baseline=s.warm_passed)
+      s.record_eval(evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
+                                        baseline=s.warm_passed)[0])
       row.update(s.last_eval)
     s.metrics.write(row)
     self.updates.clear()

@@ -177,7 +177,7 @@ def _run(comp: components_lib.Components, workdir: str, stop_after: Optional[int
     s.restore()
     warmstart.run_phase(s)
     rl = rl_phase.run_phase(s)
-    s.checkpoint(force=True)
+    s.checkpoint(force=True, rl_phase=rl.state_dict if s.phase == "rl" else None)
   finally:
     s.close()
   if s.preempted:

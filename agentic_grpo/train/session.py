@@ -1,17 +1,21 @@
 """`Session`: one run's live objects and facts, and its checkpoints.
 
-The phases (`warmstart`, `rl_phase`) read and advance a `Session`: the global step and phase,
-counters, the warm-start's per-task results, the device side (`train.device.DeviceSide`), the
-replay, the agent loop and its task streams, the metrics writer. `checkpoint` writes everything
-needed to resume exactly (learner state, replay, in-flight episodes, data position, the RL
-phase's unlogged metrics); `restore` reads it back. `periodic` is the one predicate of every
-periodic action (logging, evaluation, checkpoints).
+The phases (`warmstart`, `rl_phase`) read a `Session` and advance it through its methods: the
+global step and phase (`advance`, `enter_rl`), counters (`count`), the latest evaluation and
+the warm-start's per-task results (`record_eval`), an agreed stop (`agree_on_stop`,
+`stop_agreed`). The session owns those fields: nothing outside this module writes them
+(`tests/session_ownership_test.py`). It also holds the device side (`train.device.DeviceSide`),
+the replay, the agent loop and its task streams, and the metrics writer. `checkpoint` writes
+everything needed to resume exactly (learner state, replay, in-flight episodes, data position,
+and the RL phase's unlogged metrics, which the RL phase hands to it as `rl_phase`); `restore`
+reads it back. `periodic` is the one predicate of every periodic action (logging, evaluation,
+checkpoints).
 """
 
 import collections
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import numpy as np
@@ -114,7 +118,6 @@ class Session:
     self.warm_passed: Optional[np.ndarray] = None
     self.last_eval: dict[str, Any] = {}
     self.rl_saved: Optional[dict[str, Any]] = None  # the RL phase's checkpointed host state
-    self.rl_state = None  # the RL phase's live host state: `state_dict()` for checkpoints
     self.preempted = False
     self.metrics: Optional[metrics_lib.MetricsWriter] = None
     self.t_start = time.time()
@@ -141,6 +144,38 @@ class Session:
       logging.info("resumed %s at global step %d", self.phase, self.step)
     self.metrics = metrics_lib.MetricsWriter(self.workdir, self.cfg, self.total, self.step)
 
+  # ------------------------------------------------------- what the phases change, through here
+
+  def advance(self) -> int:
+    """Counts one global step (a warm-start step or an RL update); returns the new step."""
+    self.step += 1
+    return self.step
+
+  def enter_rl(self) -> None:
+    """Ends the warm-start: the phase becomes `rl` and the device side starts the RL phase's
+    state (`DeviceSide.start_rl`: the KL reference, the RL optimizer)."""
+    self.phase = "rl"
+    self.device.start_rl()
+
+  def record_eval(self, metrics: dict[str, Any], passed: Optional[np.ndarray] = None) -> None:
+    """Keeps the latest evaluation's `metrics`; `passed` (`[num_heldout]` bool, greedy pass
+    per held-out task), given at the end of the warm-start, is the paired gain's baseline."""
+    self.last_eval = metrics
+    if passed is not None:
+      self.warm_passed = passed
+
+  def count(self, name: str, n: int = 1) -> None:
+    """Adds `n` to the checkpointed counter `name`."""
+    self.counters[name] += n
+
+  def agree_on_stop(self) -> None:
+    """Every process learns whether any received SIGTERM / SIGINT (a collective)."""
+    self.preempted = self.coord.any(self.stop_requested)
+
+  def stop_agreed(self) -> None:
+    """The processes agreed to stop (in the RL phase's own agreement)."""
+    self.preempted = True
+
   def stopping(self) -> bool:
     """The run stops here: `stop_after` reached or a signal agreed on (`preempted`)."""
     return self.preempted or (self._stop_after is not None and self.step >= self._stop_after)
@@ -154,8 +189,9 @@ class Session:
   def signal_name(self) -> Optional[str]:
     return self._stop.signal_name
 
-  def save(self) -> None:
-    """Writes a checkpoint at the current global step."""
+  def save(self, rl_phase: Optional[Callable[[], dict[str, Any]]] = None) -> None:
+    """Writes a checkpoint at the current global step; `rl_phase` gives the RL phase's host
+    state (`RLPhase.state_dict`, JSON-serialisable), called only in the RL phase."""
     meta = {"phase": self.phase, "step": self.step, "counters": dict(self.counters),
             "warmstart_passed": (None if self.warm_passed is None
                                  else [int(v) for v in self.warm_passed]),
@@ -165,15 +201,17 @@ class Session:
       host["replay"], meta["replay"] = self.replay.state_dict()
       host["loop"], meta["loop"] = self.agent.state_dict()
       meta["data_position"] = self.rl_stream.position
-      if self.rl_state is not None:
-        meta["rl_phase"] = self.rl_state.state_dict()
+      if rl_phase is not None:
+        meta["rl_phase"] = rl_phase()
     self.ckpt.save(self.step, self.device.checkpoint_tree(), host, meta)
 
-  def checkpoint(self, force: bool = False) -> None:
-    """Saves when `checkpoint.every` divides the step (or `force`), unless already saved."""
+  def checkpoint(self, force: bool = False,
+                 rl_phase: Optional[Callable[[], dict[str, Any]]] = None) -> None:
+    """Saves when `checkpoint.every` divides the step (or `force`), unless already saved;
+    `rl_phase` as in `save`."""
     if (force or periodic(self.step, self.cfg.checkpoint.every)) and (
         self.ckpt.latest_step() != self.step):
-      self.save()
+      self.save(rl_phase)
 
   def close(self) -> None:
     if self.metrics is not None:

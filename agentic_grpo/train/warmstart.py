@@ -50,13 +50,11 @@ def run_phase(s: session_lib.Session) -> None:
   if s.ws_steps:
     _train(s)
   elif not s.stopping():
-    s.last_eval, s.warm_passed = evaluation.evaluate(s.comp, s.agent, s.device.policy,
-                                                     sampled=True)
+    s.record_eval(*evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=True))
     s.metrics.write(dict(step=s.step, phase="warmstart", seconds=time.time() - s.t_start,
                          **s.last_eval))
   if s.step >= s.ws_steps and not s.stopping():
-    s.phase = "rl"
-    s.device.start_rl()
+    s.enter_rl()
 
 
 def _train(s: session_lib.Session) -> None:
@@ -71,7 +69,7 @@ def _train(s: session_lib.Session) -> None:
   while s.step < s.ws_steps and not s.stopping():
     t0 = time.time()
     pending = s.device.sft(next_batch)  # Dispatched asynchronously:
-    s.step += 1
+    s.advance()
     if s.step < s.ws_steps:
       next_batch = host_batch(s.step)  # the next batch is built while the device works.
     m = s.device.fetch([pending], step=s.step)[0]
@@ -82,12 +80,11 @@ def _train(s: session_lib.Session) -> None:
              "grad_norm": m["grad_norm"], "update_skipped": m["update_skipped"],
              "tokens_per_s": float(pending.tokens) / max(dt, 1e-9)}
       if s.step == s.ws_steps:
-        s.last_eval, s.warm_passed = evaluation.evaluate(s.comp, s.agent, s.device.policy,
-                                                         sampled=True)
+        s.record_eval(*evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=True))
         row.update(s.last_eval)
       s.metrics.write(row)
     s.metrics.progress(s.step, "warmstart", float(m["loss"]))
     # The warm-start's last step is checkpointed whatever `checkpoint.every` says when it is
     # kept (`checkpoint.keep_warmstart`): a control run starts from it.
     s.checkpoint(force=s.keep_warmstart and s.step == s.ws_steps)
-    s.preempted = s.coord.any(s.stop_requested)
+    s.agree_on_stop()
