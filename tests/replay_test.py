@@ -1,6 +1,7 @@
 """Tests for agentic_grpo.replay."""
 
 import collections
+import dataclasses
 import inspect
 
 from absl.testing import absltest
@@ -459,6 +460,30 @@ class DefaultsTest(absltest.TestCase):
     got = {k: params[k].default for k in fields}
     want = {k: getattr(sections[p.split(".")[0]], p.split(".")[1]) for k, p in fields.items()}
     self.assertEqual(got, want)
+
+  def test_from_sections_takes_every_field_of_both_sections(self):
+    # Every field of the correction and replay sections reaches the replay, under its name
+    # (`enabled` -> `correction`, `target` -> `target_mode`); a field added to a section and
+    # not passed on fails here.
+    renamed = {"enabled": "correction", "target": "target_mode"}
+    correction = config_lib.CorrectionSection(
+        enabled=False, target="mixed", gamma=0.5, beta=0.25, scale="none",
+        baseline="previous_stage", max_staleness=3, staleness_mode="linear",
+        stage_credit="post_hoc")
+    storage = config_lib.ReplaySection(capacity=77, when_full="error",
+                                       skip_zero_advantage=False, pack_corrections=False)
+    replay = replay_lib.StagedReplay.from_sections(group_size=2, num_stages=3,
+                                                   correction=correction, storage=storage)
+    for section in (correction, storage):
+      default = type(section)()
+      for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        self.assertNotEqual(value, getattr(default, f.name), f"pick a non-default {f.name}")
+        self.assertEqual(getattr(replay, renamed.get(f.name, f.name)), value, f.name)
+    packed = replay_lib.StagedReplay.from_sections(
+        group_size=2, num_stages=3, correction=correction,
+        storage=config_lib.ReplaySection(pack_corrections=True), loss_additive=False)
+    self.assertFalse(packed.pack_corrections)  # needs a loss additive over segments
 
 
 class PackedGradientTest(parameterized.TestCase):

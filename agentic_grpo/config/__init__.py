@@ -14,17 +14,16 @@ in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses
 * `train_config`: `TrainConfig` (every section, the checks between sections),
   `from_config_dict`, `to_dict`;
 * `model_task`: `ModelSection`, `TaskSection` (what is trained on what);
-* `algorithm`: `RLSection`, `CorrectionSection`, `ReplaySection`;
+* `algorithm`: `RLSection`;
 * `optimization`: `WarmstartSection`;
 * `runtime`: `SandboxSection`, `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`.
 
 Sections kept by their owners, assembled here and re-exported: `LossSection` and
-`OptimSection` (`learner/sections.py`), `WorkflowConfig` (`agent/workflow_config.py`). The field
+`OptimSection` (`learner/sections.py`), `CorrectionSection` and `ReplaySection`
+(`replay/sections.py`), `WorkflowConfig` (`agent/workflow_config.py`). The field
 checks every section shares (`fail`, `check`, `choice`) are `agentic_grpo.field_checks`.
 """
 
-from agentic_grpo.config.algorithm import CorrectionSection
-from agentic_grpo.config.algorithm import ReplaySection
 from agentic_grpo.config.algorithm import RLSection
 from agentic_grpo.config.model_task import ModelSection
 from agentic_grpo.config.model_task import TaskSection
@@ -40,6 +39,8 @@ from agentic_grpo.config.train_config import to_dict
 from agentic_grpo.config.train_config import TrainConfig
 from agentic_grpo.learner.sections import LossSection
 from agentic_grpo.learner.sections import OptimSection
+from agentic_grpo.replay.sections import CorrectionSection
+from agentic_grpo.replay.sections import ReplaySection
 
 __all__ = [
     "CheckpointSection", "CorrectionSection", "EvalSection", "LogSection", "LossSection",

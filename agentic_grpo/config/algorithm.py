@@ -1,11 +1,9 @@
-"""Config sections of the Agentic GRPO algorithm: the RL phase, the loss, corrections, replay."""
+"""The config section of the Agentic GRPO phase (`RLSection`); the loss (`learner/sections.py`),
+correction and replay (`replay/sections.py`) sections live with their owners."""
 
 import dataclasses
 
-from agentic_grpo import replay as replay_lib
 from agentic_grpo import field_checks as checks
-from agentic_grpo.core import advantages as advantages_lib
-from agentic_grpo.core import correction as correction_lib
 from agentic_grpo.core import types as core_types
 
 
@@ -163,69 +161,3 @@ class RLSection:
     return core_types.SamplingTransform(
         self.temperature if temperature is None else temperature, self.top_k, self.top_p,
         vocab_limit)
-
-
-@dataclasses.dataclass(frozen=True)
-class CorrectionSection:
-  """Retroactive correction and advantage options (docs/design.md §1-2).
-
-  `baseline='previous_stage'` subtracts each member's previous-stage reward before the group
-  normalisation, in provisional and target advantages alike (`core.advantages.stage_baselines`).
-  With `workflow.stage_rewards=False` no stage is scored, the baseline is 0, and the run stays
-  outcome-only GRPO.
-
-  Attributes:
-    enabled: apply retroactive corrections once final rewards arrive.
-    target: target advantage: `outcome`, `return` or `mixed`.
-    gamma: discount over stages of `return` targets, in [0, 1].
-    beta: weight of the provisional (stage) advantage kept in `mixed` targets.
-    scale: group normalisation: `std` or `none`.
-    baseline: `none` or `previous_stage`.
-    max_staleness: policy versions a correction may lag its provisional update.
-    staleness_mode: beyond max_staleness: `drop` or `linear` down-weighting.
-    stage_credit: when stage advantages reach the learner: `immediate` (as soon as a group
-      completes the stage: Agentic GRPO) or `post_hoc` (held until the group's final rewards:
-      dense stage credit without immediacy, arm 2 of DESIGN.md §7). Needs stage rewards to
-      matter.
-  """
-  enabled: bool = True
-  target: str = "outcome"
-  gamma: float = 1.0
-  beta: float = 0.0
-  scale: str = "std"
-  baseline: str = "none"
-  max_staleness: int = 8
-  staleness_mode: str = "drop"
-  stage_credit: str = "immediate"
-
-  def validate(self, path: str) -> None:
-    checks.choice(f"{path}.target", self.target, advantages_lib.TARGET_MODES)
-    checks.check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
-    checks.choice(f"{path}.scale", self.scale, advantages_lib.SCALES)
-    checks.choice(f"{path}.baseline", self.baseline, advantages_lib.BASELINES)
-    checks.check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
-                 self.max_staleness)
-    checks.choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
-    checks.choice(f"{path}.stage_credit", self.stage_credit, replay_lib.STAGE_CREDIT)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplaySection:
-  """`replay.StagedReplay` storage options.
-
-  Attributes:
-    capacity: segments the replay holds.
-    when_full: `evict_oldest` or `error`.
-    skip_zero_advantage: drop rows whose advantage is 0 (no gradient).
-    pack_corrections: pack an episode's correction segments into one row when they chain and
-      that leaves the loss unchanged (`core.losses.segments_additive`: the token ratio, and an
-      aggregation other than `seq_mean_token_mean`); otherwise every segment keeps its own row.
-  """
-  capacity: int = 8192
-  when_full: str = "evict_oldest"
-  skip_zero_advantage: bool = True
-  pack_corrections: bool = True
-
-  def validate(self, path: str) -> None:
-    checks.check(self.capacity >= 1, f"{path}.capacity", "must be >= 1", self.capacity)
-    checks.choice(f"{path}.when_full", self.when_full, replay_lib.WHEN_FULL)

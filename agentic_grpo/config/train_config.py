@@ -17,6 +17,7 @@ from agentic_grpo.config import model_task
 from agentic_grpo.config import optimization
 from agentic_grpo.config import runtime
 from agentic_grpo.learner import sections as learner_sections
+from agentic_grpo.replay import sections as replay_sections
 
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
@@ -51,8 +52,8 @@ class TrainConfig:
   sandbox: runtime.SandboxSection = runtime.SandboxSection()
   rl: algorithm.RLSection = algorithm.RLSection()
   loss: learner_sections.LossSection = learner_sections.LossSection()
-  correction: algorithm.CorrectionSection = algorithm.CorrectionSection()
-  replay: algorithm.ReplaySection = algorithm.ReplaySection()
+  correction: replay_sections.CorrectionSection = replay_sections.CorrectionSection()
+  replay: replay_sections.ReplaySection = replay_sections.ReplaySection()
   optim: learner_sections.OptimSection = learner_sections.OptimSection()
   warmstart: optimization.WarmstartSection = optimization.WarmstartSection()
   eval: runtime.EvalSection = runtime.EvalSection()

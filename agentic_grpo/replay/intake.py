@@ -41,9 +41,13 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.replay import batching
 from agentic_grpo.replay import credit
 from agentic_grpo.replay import records
+from agentic_grpo.replay import sections
 from agentic_grpo.replay import snapshot
 
-WHEN_FULL = ("evict_oldest", "error")
+WHEN_FULL = sections.WHEN_FULL
+# One set of defaults: the keyword defaults below are the config sections'.
+_CORRECTION = sections.CorrectionSection()
+_STORAGE = sections.ReplaySection()
 
 
 class StagedReplay:
@@ -55,24 +59,25 @@ class StagedReplay:
       group_size: int,
       num_stages: int,
       stage_rewards: bool = True,
-      correction: bool = True,
-      target_mode: str = "outcome",
-      gamma: float = 1.0,
-      beta: float = 0.0,
-      scale: str = "std",
-      baseline: str = "none",
-      max_staleness: int = 8,
-      staleness_mode: str = "drop",
-      capacity: int = 8192,
-      when_full: str = "evict_oldest",
-      skip_zero_advantage: bool = True,
-      pack_corrections: bool = True,
-      stage_credit: str = "immediate",
+      correction: bool = _CORRECTION.enabled,
+      target_mode: str = _CORRECTION.target,
+      gamma: float = _CORRECTION.gamma,
+      beta: float = _CORRECTION.beta,
+      scale: str = _CORRECTION.scale,
+      baseline: str = _CORRECTION.baseline,
+      max_staleness: int = _CORRECTION.max_staleness,
+      staleness_mode: str = _CORRECTION.staleness_mode,
+      capacity: int = _STORAGE.capacity,
+      when_full: str = _STORAGE.when_full,
+      skip_zero_advantage: bool = _STORAGE.skip_zero_advantage,
+      pack_corrections: bool = _STORAGE.pack_corrections,
+      stage_credit: str = _CORRECTION.stage_credit,
       drop_tied_groups: bool = False,
       pass_rate_band: Optional[Sequence[float]] = None,
       prefix_packing: Optional[batching.PrefixPacking] = None,
   ):
-    """Creates an empty replay.
+    """Creates an empty replay. The keyword defaults are those of `sections.CorrectionSection`
+    and `sections.ReplaySection` (a run builds its replay with `from_sections`).
 
     Args:
       group_size: G, members per group (>= 1).
@@ -163,6 +168,37 @@ class StagedReplay:
     self._episodes: dict[int, records.PendingEpisode] = {}
     self._ready: collections.deque[records.Item] = collections.deque()
     self.counters: collections.Counter = collections.Counter()
+
+  @classmethod
+  def from_sections(cls, *, group_size: int, num_stages: int,
+                    correction: sections.CorrectionSection,
+                    storage: sections.ReplaySection, loss_additive: bool = True,
+                    **options: Any) -> "StagedReplay":
+    """A replay from the config's `correction` and `replay` sections.
+
+    Args:
+      group_size: G (`rl.group_size`).
+      num_stages: S, stages per episode.
+      correction: the `correction` section: `enabled`, `target`, `gamma`, `beta`, `scale`,
+        `baseline`, `max_staleness`, `staleness_mode`, `stage_credit`.
+      storage: the `replay` section: `capacity`, `when_full`, `skip_zero_advantage`,
+        `pack_corrections`.
+      loss_additive: the loss is additive over a row's segments
+        (`core.losses.segments_additive`); correction packing needs it.
+      **options: the constructor's other keywords (`stage_rewards`, `drop_tied_groups`,
+        `pass_rate_band`, `prefix_packing`).
+
+    Raises:
+      ValueError: as the constructor, naming the first bad argument.
+    """
+    return cls(
+        group_size=group_size, num_stages=num_stages, correction=correction.enabled,
+        target_mode=correction.target, gamma=correction.gamma, beta=correction.beta,
+        scale=correction.scale, baseline=correction.baseline,
+        max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
+        stage_credit=correction.stage_credit, capacity=storage.capacity,
+        when_full=storage.when_full, skip_zero_advantage=storage.skip_zero_advantage,
+        pack_corrections=storage.pack_corrections and loss_additive, **options)
 
   # ------------------------------------------------------------------ sizes
 

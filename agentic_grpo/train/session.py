@@ -49,17 +49,11 @@ def make_replay(comp: components_lib.Components, row_granule: int = 1
   (`rl.dynamic_sampling`: drop groups without signal; `rl.pass_rate_filter`: the band;
   `rl.pack_prefix`: shared-prefix packing of update rows, multiples of `row_granule`)."""
   cfg = comp.cfg
-  return replay_lib.StagedReplay(
-      group_size=cfg.rl.group_size, num_stages=comp.num_stages,
-      stage_rewards=cfg.workflow.stage_rewards, correction=cfg.correction.enabled,
-      target_mode=cfg.correction.target, gamma=cfg.correction.gamma, beta=cfg.correction.beta,
-      scale=cfg.correction.scale, baseline=cfg.correction.baseline,
-      max_staleness=cfg.correction.max_staleness,
-      staleness_mode=cfg.correction.staleness_mode, capacity=cfg.replay.capacity,
-      when_full=cfg.replay.when_full, skip_zero_advantage=cfg.replay.skip_zero_advantage,
-      pack_corrections=cfg.replay.pack_corrections and losses_lib.segments_additive(
-          cfg.loss.ratio_level, cfg.loss.aggregation),
-      stage_credit=cfg.correction.stage_credit, drop_tied_groups=cfg.rl.dynamic_sampling,
+  return replay_lib.StagedReplay.from_sections(
+      group_size=cfg.rl.group_size, num_stages=comp.num_stages, correction=cfg.correction,
+      storage=cfg.replay,
+      loss_additive=losses_lib.segments_additive(cfg.loss.ratio_level, cfg.loss.aggregation),
+      stage_rewards=cfg.workflow.stage_rewards, drop_tied_groups=cfg.rl.dynamic_sampling,
       pass_rate_band=tuple(cfg.rl.pass_rate_filter) or None,
       prefix_packing=device_lib.prefix_packing(comp, row_granule))
 
