@@ -71,21 +71,17 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
       cfg.model, min_seq_len=cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens)
   ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
   chosen = None if step < 0 else step
-  meta = ckpt.read_meta(chosen)
-  with_ref = cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
   mesh = parallel.make_mesh(cfg)
   # Every optimizer of a run (warm-start, RL) has this state structure.
   optimizer = learner.make_optimizer(cfg.optim)
-  sm, sh = learner.learner_shardings(source.model_config, mesh, optimizer, cfg.mesh.rules(),
-                                     with_reference=with_ref)
-  state = learner.abstract_state(sm.abstract_params, optimizer, sh.state)
-  abstract = {"state": state, "ref": sm.abstract_params} if with_ref else {"state": state}
-  field = "master" if master and state.master is not None else "params"
+  sm, sh = learner.learner_shardings(source.model_config, mesh, optimizer, cfg.mesh.rules())
+  has_master = learner.abstract_state(sm.abstract_params, optimizer, sh.state).master is not None
   # One field of the learner state: the rest stays on disk, so exporting needs the memory of
   # the parameters alone.
-  restored, _, meta = ckpt.restore(chosen, abstract, derivations=learner.STATE_DERIVATIONS,
-                                   only=checkpointer.state_field(field))
-  return cfg, source, int(meta["step"]), getattr(restored["state"], field)
+  params, meta = learner.restore_field(
+      ckpt, chosen, sm.abstract_params, optimizer, sh.state,
+      reference_in_rl=cfg.loss.kl_beta > 0, field="master" if master and has_master else "params")
+  return cfg, source, int(meta["step"]), params
 
 
 def export_run(workdir: str, out_dir: str, step: int = -1, *, master: bool = False,

@@ -40,6 +40,8 @@ gradients update the master, and the parameters are the master cast back (`state
 sampler and the KL reference use the low-precision parameters. Float32 parameters: no master.
 A checkpoint written before the master existed restores with the master derived from its
 parameters (`STATE_DERIVATIONS`, passed to `Checkpointer.restore`).
+`restore_field` reads one field of a saved state (the policy's parameters, or the master) and
+nothing else: the one path that evaluation of a checkpoint and export load a policy by.
 
 Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/out` shardings
 (`learner_shardings` builds them on a device mesh, from `jax.eval_shape` of the train state); by
@@ -56,6 +58,7 @@ from agentic_grpo.learner.state import init_state
 from agentic_grpo.learner.state import make_optimizer
 from agentic_grpo.learner.state import needs_master
 from agentic_grpo.learner.state import nonfinite_count
+from agentic_grpo.learner.state import restore_field
 from agentic_grpo.learner.state import STATE_DERIVATIONS
 from agentic_grpo.learner.state import NonFiniteUpdatesError
 from agentic_grpo.learner.state import to_master

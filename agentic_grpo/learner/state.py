@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from agentic_grpo import exit_codes
+from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.learner import sections
 
@@ -144,6 +145,50 @@ def abstract_state(abstract_params, optimizer: optax.GradientTransformation,
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                       jax.eval_shape(lambda p: init_state(p, optimizer, 0), plain),
                       state_shardings)
+
+
+def restore_field(ckpt: checkpointer.Checkpointer, step: Optional[int], abstract_params, optimizer: optax.GradientTransformation,
+                  state_shardings, *, reference_in_rl: bool, field: str = "params"
+                  ) -> tuple[Any, dict]:
+  """One field of a checkpoint's learner state, and the checkpoint's meta: the one path that
+  loads a saved policy (evaluation of a checkpoint, export).
+
+  Reads only `field` into an abstract target (`abstract_state`), without first materialising
+  a state: the optimizer's moments, the float32 master (unless `field="master"`) and the KL
+  reference stay on disk (`Checkpointer.restore(only=...)`), so the caller needs the memory of
+  that field alone. Checkpoints of earlier layouts are fitted (`STATE_DERIVATIONS`).
+
+  Args:
+    ckpt: the run's checkpoints.
+    step: the checkpoint step, or None for the newest intact one.
+    abstract_params: the model's parameters as shaped (and sharded) abstract values.
+    optimizer: any optimizer of the run (every one has the state structure of the RL phase's).
+    state_shardings: `Shardings.state` of the run.
+    reference_in_rl: the run keeps a KL reference (`loss.kl_beta > 0`): an RL-phase
+      checkpoint then holds it beside the state.
+    field: `params` or `master` (a `TrainState` field).
+
+  Returns:
+    `(value, meta)`: the field's tree of `jax.Array`s in `state_shardings`' layout, and the
+    checkpoint's meta (`meta["step"]`: its global step).
+
+  Raises:
+    FileNotFoundError, checkpointer.CheckpointIntegrityError: as `Checkpointer.restore`.
+    ValueError: the checkpoint's tree does not match the abstract target (another model
+      shape), naming the checkpoint.
+  """
+  meta = ckpt.read_meta(step)
+  with_ref = reference_in_rl and meta["phase"] == "rl"
+  state = abstract_state(abstract_params, optimizer, state_shardings)
+  abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
+  try:
+    restored, _, meta = ckpt.restore(step, abstract, derivations=STATE_DERIVATIONS,
+                                     only=checkpointer.state_field(field))
+  except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
+    raise ValueError(f"checkpoint {step if step is not None else '(newest)'} in "
+                     f"{ckpt.directory} does not match the run's config (another model "
+                     f"shape?): {e}") from e
+  return getattr(restored["state"], field), meta
 
 
 def nonfinite_count(state: TrainState) -> int:

@@ -149,18 +149,9 @@ def restore_policy(comp, ckpt: checkpointer.Checkpointer, step: int) -> tuple[An
     FileNotFoundError, checkpointer.CheckpointIntegrityError: as `Checkpointer.restore`.
     ValueError: the checkpoint's tree does not match `comp.cfg` (another model shape).
   """
-  meta = ckpt.read_meta(step)
-  with_ref = comp.cfg.loss.kl_beta > 0 and meta["phase"] == "rl"
-  abstract_params = comp.sharded_model.abstract_params
-  state = learner.abstract_state(abstract_params, rl_optimizer(comp.cfg), comp.shardings.state)
-  abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
-  try:
-    restored, _, meta = ckpt.restore(step, abstract, derivations=learner.STATE_DERIVATIONS,
-                                     only=checkpointer.state_field("params"))
-  except ValueError as e:  # Orbax: the saved tree differs from `abstract`.
-    raise ValueError(f"checkpoint {step} in {ckpt.directory} does not match the run's config "
-                     f"(another model shape?): {e}") from e
-  return restored["state"].params, meta
+  return learner.restore_field(ckpt, step, comp.sharded_model.abstract_params,
+                               rl_optimizer(comp.cfg), comp.shardings.state,
+                               reference_in_rl=comp.cfg.loss.kl_beta > 0)
 
 
 @dataclasses.dataclass(frozen=True)
