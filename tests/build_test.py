@@ -7,7 +7,6 @@ target's first-party deps are what its sources import.
 """
 
 import ast
-import os
 import pathlib
 
 from absl.testing import absltest

@@ -25,6 +25,7 @@ from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.models import transformer
 from agentic_grpo.parallel import collectives
 from tests.fixtures import old_checkpoints
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -139,8 +140,7 @@ class CheckpointingTest(absltest.TestCase):
 
   def test_sigkill_during_save_leaves_previous_checkpoint(self):
     directory = self.create_tempdir().full_path
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = xla_flags.child_env(PYTHONPATH=str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", _CHILD, directory], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

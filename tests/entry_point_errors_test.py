@@ -33,6 +33,7 @@ from agentic_grpo.train import components
 from agentic_grpo.train import eval_only
 from launch import common_flags
 from tests.fixtures import chat_checkpoint
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -47,9 +48,7 @@ def _codecontests_rows(n: int) -> list[dict]:
 
 
 def _env() -> dict:
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return env
+  return xla_flags.child_env(PYTHONPATH=str(ROOT))
 
 
 def _launch(module: str, *args: str) -> subprocess.CompletedProcess:

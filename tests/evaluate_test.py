@@ -28,6 +28,7 @@ from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import eval_only
 from experiments import tiny_codegen
 from tests.fixtures import chat_checkpoint
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Wall-clock numbers differ between two evaluations of the same parameters.
@@ -76,8 +77,7 @@ def _evals(metrics: dict) -> dict:
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = xla_flags.child_env(PYTHONPATH=str(ROOT))
   return subprocess.run([sys.executable, "-m", "launch.evaluate", *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
 

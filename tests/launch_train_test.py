@@ -15,13 +15,13 @@ from agentic_grpo import config_help
 from agentic_grpo import exit_codes
 from agentic_grpo.checkpoint import run_lock
 from launch import common_flags
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = xla_flags.child_env(PYTHONPATH=str(ROOT))
   return subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
 

@@ -31,6 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_grpo.checkpoint import host_rows as checkpoint_host_rows
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LIMIT_S = 300  # per launch and process; the test waits a minute longer before killing
@@ -91,11 +92,11 @@ class MultihostTest(absltest.TestCase):
     """Runs the 2 processes of `module` to the end; returns their logs. `launch.train` gets
     the test's config overrides, another module only `--workdir` and `extra`."""
     logs = tmp / name
-    env = dict(os.environ, PYTHON=sys.executable, TRAIN_MODULE=module,
-               JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    env.pop("XLA_FLAGS", None)  # the script gives each process its own 2 devices
+    # The script gives each process its own 2 devices (prepended to the compile flags).
+    env = xla_flags.child_env(PYTHON=sys.executable, TRAIN_MODULE=module,
+                              JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
+                              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     cmd = ["bash", str(ROOT / "launch" / "multihost_local.sh"), "-n", "2", "-d", "2",
            "-t", str(_LIMIT_S), "-l", str(logs), "--", f"--workdir={tmp / 'workdir'}",
            *(_OVERRIDES if module == "launch.train" else ()), *extra]

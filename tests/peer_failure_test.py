@@ -23,6 +23,7 @@ from absl.testing import absltest
 
 from agentic_grpo import parallel
 from agentic_grpo.checkpoint import integrity as checkpoint_integrity
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _TIMEOUT_S = 15  # config.mesh.collective_timeout_s of the run whose peer is killed
@@ -78,13 +79,12 @@ class PeerFailureTest(absltest.TestCase):
     port = _free_port()
     procs = []
     for i in range(2):
-      env = dict(os.environ, JAX_PLATFORMS="cpu",
-                 XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                 AGENTIC_GRPO_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                 JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
-                 JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
-                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+      env = xla_flags.child_env(
+          2, AGENTIC_GRPO_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+          JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
+          JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
+          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+          JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
       log = tmp / f"{name}_{i}.log"
       with log.open("w") as out:
         proc = subprocess.Popen(

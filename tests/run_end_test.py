@@ -22,6 +22,7 @@ import time
 from absl.testing import absltest
 
 from agentic_grpo import exit_codes
+from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LIMIT_S = 600
@@ -49,9 +50,7 @@ def _command(workdir: str, *overrides: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  env.pop("XLA_FLAGS", None)
-  return env
+  return xla_flags.child_env(PYTHONPATH=str(ROOT))
 
 
 def _history(workdir: str) -> list[dict]:
