@@ -16,12 +16,12 @@ in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses
 * `model_task`: `ModelSection`, `TaskSection` (what is trained on what);
 * `algorithm`: `RLSection`;
 * `optimization`: `WarmstartSection`;
-* `runtime`: `SandboxSection`, `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`.
+* `runtime`: `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`.
 
 Sections kept by their owners, assembled here and re-exported: `LossSection` and
 `OptimSection` (`learner/sections.py`), `CorrectionSection` and `ReplaySection`
-(`replay/sections.py`), `WorkflowConfig` (`agent/workflow_config.py`). The field
-checks every section shares (`fail`, `check`, `choice`) are `agentic_grpo.field_checks`.
+(`replay/sections.py`), `SandboxSection` (`sandbox/sections.py`), `WorkflowConfig`
+(`agent/workflow_config.py`). The field checks every section shares (`fail`, `check`, `choice`) are `agentic_grpo.field_checks`.
 """
 
 from agentic_grpo.config.algorithm import RLSection
@@ -32,7 +32,6 @@ from agentic_grpo.config.runtime import CheckpointSection
 from agentic_grpo.config.runtime import EvalSection
 from agentic_grpo.config.runtime import LogSection
 from agentic_grpo.config.runtime import MeshSection
-from agentic_grpo.config.runtime import SandboxSection
 from agentic_grpo.config.train_config import from_config_dict
 from agentic_grpo.config.train_config import SECTION_ORDER
 from agentic_grpo.config.train_config import to_dict
@@ -41,6 +40,7 @@ from agentic_grpo.learner.sections import LossSection
 from agentic_grpo.learner.sections import OptimSection
 from agentic_grpo.replay.sections import CorrectionSection
 from agentic_grpo.replay.sections import ReplaySection
+from agentic_grpo.sandbox.sections import SandboxSection
 
 __all__ = [
     "CheckpointSection", "CorrectionSection", "EvalSection", "LogSection", "LossSection",

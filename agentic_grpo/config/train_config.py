@@ -18,6 +18,7 @@ from agentic_grpo.config import optimization
 from agentic_grpo.config import runtime
 from agentic_grpo.learner import sections as learner_sections
 from agentic_grpo.replay import sections as replay_sections
+from agentic_grpo.sandbox import sections as sandbox_sections
 
 
 SECTION_ORDER = ("model", "task", "workflow", "sandbox", "rl", "loss", "correction", "replay",
@@ -49,7 +50,7 @@ class TrainConfig:
   model: model_task.ModelSection = model_task.ModelSection()
   task: model_task.TaskSection = model_task.TaskSection()
   workflow: workflow_config.WorkflowConfig = workflow_config.WorkflowConfig()
-  sandbox: runtime.SandboxSection = runtime.SandboxSection()
+  sandbox: sandbox_sections.SandboxSection = sandbox_sections.SandboxSection()
   rl: algorithm.RLSection = algorithm.RLSection()
   loss: learner_sections.LossSection = learner_sections.LossSection()
   correction: replay_sections.CorrectionSection = replay_sections.CorrectionSection()

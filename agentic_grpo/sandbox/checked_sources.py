@@ -32,7 +32,7 @@ def reference_check(task_section: Any, sandbox_section: Any = None) -> Optional[
   Args:
     task_section: the config's `task` section (`config.TaskSection`, or anything with a
       `check_references` field).
-    sandbox_section: the config's `sandbox` section (`config.SandboxSection`), or None.
+    sandbox_section: the config's `sandbox` section (`sandbox.sections.SandboxSection`), or None.
 
   Returns:
     A `loading.Check` (tasks in, one failure message or None per task out), or None.
