@@ -75,12 +75,11 @@ def restore_params(workdir: str, step: int = -1, *, master: bool = False):
   # Every optimizer of a run (warm-start, RL) has this state structure.
   optimizer = learner.make_optimizer(cfg.optim)
   sm, sh = learner.learner_shardings(source.model_config, mesh, optimizer, cfg.mesh.rules())
-  has_master = learner.abstract_state(sm.abstract_params, optimizer, sh.state).master is not None
   # One field of the learner state: the rest stays on disk, so exporting needs the memory of
-  # the parameters alone.
+  # the parameters alone (a float32 state's `master` is its parameters).
   params, meta = learner.restore_field(
       ckpt, chosen, sm.abstract_params, optimizer, sh.state,
-      reference_in_rl=cfg.loss.kl_beta > 0, field="master" if master and has_master else "params")
+      reference_in_rl=cfg.loss.kl_beta > 0, field="master" if master else "params")
   return cfg, source, int(meta["step"]), params
 
 

@@ -98,6 +98,13 @@ class ExportRunTest(parameterized.TestCase):
     for got, want in zip(_leaves(params), _leaves(state.params), strict=True):
       np.testing.assert_array_equal(got, want)
 
+  def test_restore_field_reads_the_parameters_or_the_master_only(self):
+    workdir, _ = self._run("float32")
+    ckpt = checkpointer.Checkpointer(os.path.join(workdir, "checkpoints"))
+    with self.assertRaisesRegex(ValueError, "field must be 'params' or 'master', got 'opt_state'"):
+      learner.restore_field(ckpt, 1, None, None, None, reference_in_rl=False, field="opt_state")
+    ckpt.close()
+
   def test_command_line(self):
     workdir, state = self._run("bfloat16")
     out = os.path.join(workdir, "hf")

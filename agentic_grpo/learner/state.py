@@ -147,9 +147,9 @@ def abstract_state(abstract_params, optimizer: optax.GradientTransformation,
                       state_shardings)
 
 
-def restore_field(ckpt: checkpointer.Checkpointer, step: Optional[int], abstract_params, optimizer: optax.GradientTransformation,
-                  state_shardings, *, reference_in_rl: bool, field: str = "params"
-                  ) -> tuple[Any, dict]:
+def restore_field(ckpt: checkpointer.Checkpointer, step: Optional[int], abstract_params,
+                  optimizer: optax.GradientTransformation, state_shardings, *,
+                  reference_in_rl: bool, field: str = "params") -> tuple[Any, dict]:
   """One field of a checkpoint's learner state, and the checkpoint's meta: the one path that
   loads a saved policy (evaluation of a checkpoint, export).
 
@@ -166,7 +166,8 @@ def restore_field(ckpt: checkpointer.Checkpointer, step: Optional[int], abstract
     state_shardings: `Shardings.state` of the run.
     reference_in_rl: the run keeps a KL reference (`loss.kl_beta > 0`): an RL-phase
       checkpoint then holds it beside the state.
-    field: `params` or `master` (a `TrainState` field).
+    field: `params` or `master` (a `TrainState` field). `master` of a state that keeps none
+      (float32 parameters are their own master) reads `params`.
 
   Returns:
     `(value, meta)`: the field's tree of `jax.Array`s in `state_shardings`' layout, and the
@@ -174,12 +175,16 @@ def restore_field(ckpt: checkpointer.Checkpointer, step: Optional[int], abstract
 
   Raises:
     FileNotFoundError, checkpointer.CheckpointIntegrityError: as `Checkpointer.restore`.
-    ValueError: the checkpoint's tree does not match the abstract target (another model
-      shape), naming the checkpoint.
+    ValueError: `field` is neither `params` nor `master`; the checkpoint's tree does not match
+      the abstract target (another model shape), naming the checkpoint.
   """
+  if field not in ("params", "master"):
+    raise ValueError(f"field must be 'params' or 'master', got {field!r}")
   meta = ckpt.read_meta(step)
   with_ref = reference_in_rl and meta["phase"] == "rl"
   state = abstract_state(abstract_params, optimizer, state_shardings)
+  if field == "master" and state.master is None:
+    field = "params"
   abstract = {"state": state, "ref": abstract_params} if with_ref else {"state": state}
   try:
     restored, _, meta = ckpt.restore(step, abstract, derivations=STATE_DERIVATIONS,
