@@ -134,8 +134,8 @@ class ContinuousTest(parameterized.TestCase):
     graphdef, params = _model()
     outs = [continuous.sample(graphdef, params, prompts, lengths, jax.random.key(5),
                               max_new_tokens=_T, stop_token_ids=[4], slots=slots,
-                              steps_per_call=steps)
-            for slots, steps in ((2, 3), (7, 1), (32, 8))]
+                              steps_per_call=steps, refill_batch=refill)
+            for slots, steps, refill in ((2, 3, 1), (7, 1, 3), (32, 8, None))]
     for out in outs[1:]:
       _assert_same(outs[0], out, atol=1e-5)
 
@@ -226,6 +226,7 @@ class ValidationTest(parameterized.TestCase):
       ("slots", dict(slots=0), "slots must be a positive int"),
       ("slots_bool", dict(slots=True), "slots must be a positive int"),
       ("steps", dict(steps_per_call=0), "steps_per_call must be a positive int"),
+      ("refill_batch", dict(refill_batch=0), "refill_batch must be a positive int"),
       ("rank", dict(prompts=np.zeros((4,), np.int32)), "prompts must be"),
       ("zero_length", dict(lengths=np.zeros((_N,), np.int32)), "prompt_lengths must be in"),
       ("max_new", dict(max_new_tokens=0), "max_new_tokens"),

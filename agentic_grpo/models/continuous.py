@@ -280,7 +280,7 @@ def insert(state: SlotState, prefix: Prefix, slots: jax.Array, prompt_lengths: j
                      jnp.int32(pad_id))
 
 
-def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, stop_on_finish,
+def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_finished,
                    *, steps, top_k, greedy, use_top_p, vocab_limit):
   transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
   t_max = state.tokens.shape[1]
@@ -288,7 +288,8 @@ def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, stop_
 
   def cond(carry):
     k, st = carry
-    refill = stop_on_finish & (jnp.sum(st.done) > done_before)
+    finished = jnp.sum(st.done)
+    refill = (min_finished > 0) & (finished > done_before) & (finished >= min_finished)
     return (k < steps) & jnp.any(~st.done) & ~refill
 
   def body(carry):
@@ -324,7 +325,7 @@ _GENERATE_JIT = jax.jit(_generate_impl, donate_argnames=("state",),
 def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
              transform: core_types.SamplingTransform, greedy: bool = False,
              steps: int = DEFAULT_STEPS_PER_CALL,
-             stop_on_finish: bool = True) -> tuple[SlotState, jax.Array]:
+             min_finished: int = 1) -> tuple[SlotState, jax.Array]:
   """Up to `steps` decode steps of every slot (jitted per `steps`; `state` is donated).
 
   Each step feeds every live slot its last token at its own position and draws the next
@@ -336,14 +337,15 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
     state: the decode state (donated).
     transform, greedy: as `prefill` (the same values for the whole run).
     steps: static, the most decode steps of this call.
-    stop_on_finish: end as soon as a slot finishes (requests are waiting for it); False:
-      run until every slot is done or `steps` steps.
+    min_finished: end once a slot finished in this call and at least `min_finished` slots
+      are done (free for waiting requests); 0: run until every slot is done or `steps`
+      steps. Traced.
 
   Returns:
     `(state, steps_run)`, `steps_run` an int32 scalar.
   """
   return _GENERATE_JIT(graphdef, params, state, jnp.float32(transform.temperature),
-                       jnp.float32(transform.top_p), jnp.bool_(stop_on_finish), steps=steps,
+                       jnp.float32(transform.top_p), jnp.int32(min_finished), steps=steps,
                        top_k=transform.top_k, greedy=bool(greedy),
                        use_top_p=bool(transform.uses_top_p), vocab_limit=transform.vocab_limit)
 
@@ -351,6 +353,23 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
 @jax.jit
 def _take(state: SlotState, slots):
   return state.tokens[slots], state.logprobs[slots], state.steps[slots], state.finish[slots]
+
+
+def _refill_impl(graphdef, params, state, prompts, prompt_lengths, keys, stop_ids, stop_seqs,
+                 slots, temperature, top_p, pad_id, *, top_k, greedy, use_top_p, vocab_limit):
+  """`prefill` + `insert` in one program; also returns the slots' rows before the insert
+  (the finished requests they held: `_take`)."""
+  evicted = _take(state, jnp.minimum(slots, state.done.shape[0] - 1))
+  prefix = _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, top_p,
+                         stop_ids, stop_seqs, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+                         vocab_limit=vocab_limit)
+  state = _insert_impl(state, prefix, slots, prompt_lengths, keys, stop_ids, stop_seqs, pad_id)
+  return state, evicted
+
+
+_REFILL_JIT = jax.jit(_refill_impl, donate_argnames=("state",),
+                      static_argnames=("graphdef", "top_k", "greedy", "use_top_p",
+                                       "vocab_limit"))
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -379,6 +398,7 @@ def sample(
     prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+    refill_batch: Optional[int] = None,
 ) -> sampler.SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts with `slots` decode slots.
 
@@ -390,6 +410,9 @@ def sample(
       waiting one (N may be larger or smaller than S).
     steps_per_call: the most decode steps between two host round trips while no slot
       finishes (a static size of the `generate` program).
+    refill_batch: while requests wait, decoding returns to the host to refill once this many
+      slots are free (or as many as requests wait), so that refills and their prefills come
+      in batches; None: `max(1, slots // 16)`. The tokens do not depend on it.
 
   Returns:
     `sampler.SampleOutput` in request order: `[N, max_new_tokens]` int32 tokens (`pad_id`
@@ -399,14 +422,14 @@ def sample(
   Raises:
     ValueError: as `sampler.sample` (bad shapes, prompt lengths outside `[1, P]`, prompt +
       new tokens past `max_seq_len`, a non-positive `max_new_tokens`, a bad `transform` or
-      stop ids, a prompt longer than the largest bucket), or `slots` / `steps_per_call` not
-      a positive int.
+      stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call` or
+      `refill_batch` not a positive int.
   """
   return sample_with_stats(
       graphdef, params, prompts, prompt_lengths, rng, max_new_tokens=max_new_tokens,
       transform=transform, greedy=greedy, stop_token_ids=stop_token_ids,
       stop_sequences=stop_sequences, pad_id=pad_id, prompt_buckets=prompt_buckets,
-      slots=slots, steps_per_call=steps_per_call)[0]
+      slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch)[0]
 
 
 def sample_with_stats(
@@ -425,6 +448,7 @@ def sample_with_stats(
     prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+    refill_batch: Optional[int] = None,
 ) -> tuple[sampler.SampleOutput, Stats]:
   """`sample`, and the `Stats` of the work it did (prefill tokens, round trips, steps).
 
@@ -433,6 +457,8 @@ def sample_with_stats(
   """
   s = _positive_int("slots", slots)
   steps_per_call = _positive_int("steps_per_call", steps_per_call)
+  refill_batch = max(1, s // 16) if refill_batch is None else _positive_int(
+      "refill_batch", refill_batch)
   req = sampler.check_requests(graphdef, params, prompts, prompt_lengths,
                                max_new_tokens=max_new_tokens, transform=transform,
                                stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
@@ -445,16 +471,17 @@ def sample_with_stats(
   keys = jax.random.split(rng, n)
   state = init_slots(req.config, s, cache_len, t_max, req.stop_ids.shape[1],
                      req.stop_seqs.shape[1:], jax.random.split(rng, s))
-  out_tokens = np.full((n, t_max), pad_id, np.int32)
-  out_lp = np.zeros((n, t_max), np.float32)
-  out_len = np.zeros((n,), np.int32)
-  out_finish = np.zeros((n,), np.int32)
-  owner = np.full((s,), -1, np.int64)  # request of each slot, -1 when free
+  owner = np.full((s,), -1, np.int64)  # request each slot holds (or held, once done); -1 none
+  done = np.ones((s,), bool)  # the host's view: free or finished slots
   queue = collections.deque(range(n))
+  evictions = []  # (requests, their rows on the device), fetched once at the end
   prefill_tokens = prefill_calls = generate_calls = decode_steps = 0
+  temperature, top_p = jnp.float32(transform.temperature), jnp.float32(transform.top_p)
+  static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
+                use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
 
   while True:
-    free = np.flatnonzero(owner < 0)
+    free = np.flatnonzero(done)
     if queue and free.size:
       ids = np.array([queue.popleft() for _ in range(min(free.size, len(queue)))])
       b = ids.size
@@ -465,32 +492,35 @@ def sample_with_stats(
       take = min(width, req.prompts.shape[1])
       batch[:, :take] = req.prompts[rows, :take]
       target = np.concatenate([free[:b], np.full((b_pad - b,), s)]).astype(np.int32)
-      row_keys = keys[jnp.asarray(rows)]
-      stop_ids, stop_seqs = jnp.asarray(req.stop_ids[rows]), jnp.asarray(req.stop_seqs[rows])
-      prefix = prefill(graphdef, params, jnp.asarray(batch), jnp.asarray(lengths[rows]),
-                       row_keys, stop_ids, stop_seqs, transform=run_transform, greedy=greedy)
-      state = insert(state, prefix, target, lengths[rows], row_keys, stop_ids, stop_seqs,
-                     pad_id)
+      state, evicted = _REFILL_JIT(
+          graphdef, params, state, batch, lengths[rows], keys[jnp.asarray(rows)],
+          req.stop_ids[rows], req.stop_seqs[rows], target, temperature, top_p,
+          np.int32(pad_id), **static)
+      evictions.append((np.concatenate([owner[free[:b]], np.full((b_pad - b,), -1)]),
+                        evicted))
       owner[free[:b]] = ids
+      done[free[:b]] = False
       prefill_tokens += b_pad * width
       prefill_calls += 1
-    if np.all(owner < 0):
+    if not queue and done.all():
       break
+    min_finished = min(refill_batch, len(queue)) if queue else 0
     state, k = generate(graphdef, params, state, transform=run_transform, greedy=greedy,
-                        steps=steps_per_call, stop_on_finish=bool(queue))
+                        steps=steps_per_call, min_finished=min_finished)
     done, k = jax.device_get((state.done, k))
+    done = np.array(done)
     generate_calls += 1
     decode_steps += int(k)
-    finished = np.flatnonzero(done & (owner >= 0))
-    if finished.size:
-      b_pad = _pow2_at_most(finished.size, s)
-      at = np.concatenate([finished, np.full((b_pad - finished.size,), finished[0])])
-      tok, lp, length, finish = jax.device_get(_take(state, jnp.asarray(at, jnp.int32)))
-      r = owner[finished]
-      m = finished.size
-      out_tokens[r], out_lp[r], out_len[r], out_finish[r] = tok[:m], lp[:m], length[:m], \
-          finish[:m]
-      owner[finished] = -1
+  evictions.append((owner, _take(state, jnp.arange(s, dtype=jnp.int32))))
+  out_tokens = np.full((n, t_max), pad_id, np.int32)
+  out_lp = np.zeros((n, t_max), np.float32)
+  out_len = np.zeros((n,), np.int32)
+  out_finish = np.zeros((n,), np.int32)
+  for requests, (tok, lp, length, finish) in jax.device_get(evictions):
+    held = requests >= 0
+    r = requests[held]
+    out_tokens[r], out_lp[r], out_len[r], out_finish[r] = (tok[held], lp[held], length[held],
+                                                           finish[held])
   out = sampler.SampleOutput(tokens=jnp.asarray(out_tokens), lengths=jnp.asarray(out_len),
                              finish_reason=jnp.asarray(out_finish), logprobs=jnp.asarray(out_lp))
   return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
