@@ -14,11 +14,15 @@ engines (JetStream, MaxText's engine), each a pure function under `jax.jit`:
   stop ids, stop sequences) into free slots of the decode state (`SlotState`, a
   `[S, cache_len]` KV cache whose `index` is per slot: each slot writes at its own position).
 * `generate`: up to `steps` decode steps of every slot in one `lax.while_loop`, ending early
-  once a slot finishes while requests are waiting (so that the host can refill it), or when
-  every slot is done.
+  once enough slots finished while requests are waiting (so that the host can refill them),
+  or when every slot is done.
 
-`sample` is the host loop: a queue of requests in order, refilled into free slots until it is
-empty, the results gathered back in request order. It returns a `sampler.SampleOutput` with
+`sample` is the host loop: a queue of requests in order, refilled into free slots (in batches
+of `refill_batch`) until it is empty; one program per refill prefills the new requests,
+inserts them and hands back the finished rows they replace, which are fetched once at the
+end and returned in request order. The finished slots stay in the decode steps until they are
+refilled (and, once the queue is empty, until every slot is done): the tail of the slowest
+requests runs at the cost of all `S` slots. It returns a `sampler.SampleOutput` with
 the fields and semantics of `sampler.sample`: same checks (`sampler.check_requests`), stop ids
 and stop sequences (`sampler.stop_hits`), transform and token draw (`sampler.draw_tokens`),
 lengths including the stop token(s), pad past the length, behaviour log-probs under the
@@ -31,8 +35,8 @@ attention over a cache of another length: the log-probs agree to about 1e-6, and
 differs only where two candidates are that close).
 
 Shapes are static per program: `S` slots, `cache_len` = the prompt bucket of the longest
-prompt + `max_new_tokens`, prefill batches padded to a power of two (at most `S`) and prompts
-to a bucket; the transform's `temperature` and `top_p` values, keys and stop tables are traced.
+prompt + `max_new_tokens`, prefill batches of a power of two requests and prompts padded to a
+bucket; the transform's `temperature` and `top_p` values, keys and stop tables are traced.
 The decode state is donated to `insert` and `generate` (updated in place where the backend
 allows it).
 
@@ -372,10 +376,6 @@ _REFILL_JIT = jax.jit(_refill_impl, donate_argnames=("state",),
                                        "vocab_limit"))
 
 
-def _pow2_at_most(n: int, cap: int) -> int:
-  return min(1 << max(0, n - 1).bit_length(), cap)
-
-
 def _positive_int(name: str, value) -> int:
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -482,25 +482,25 @@ def sample_with_stats(
 
   while True:
     free = np.flatnonzero(done)
-    if queue and free.size:
-      ids = np.array([queue.popleft() for _ in range(min(free.size, len(queue)))])
-      b = ids.size
-      b_pad = _pow2_at_most(b, s)
-      width = sampler.prompt_bucket(int(lengths[ids].max()), prompt_buckets)
-      rows = np.concatenate([ids, np.full((b_pad - b,), ids[0])])
-      batch = np.full((b_pad, width), pad_id, np.int32)
+    while queue and free.size:
+      # A power of two of requests at a time (few compiled sizes, no padded rows): 17 free
+      # slots take a refill of 16, then one of 1.
+      b = 1 << (min(free.size, len(queue)).bit_length() - 1)
+      rows = np.array([queue.popleft() for _ in range(b)])
+      width = sampler.prompt_bucket(int(lengths[rows].max()), prompt_buckets)
+      batch = np.full((b, width), pad_id, np.int32)
       take = min(width, req.prompts.shape[1])
       batch[:, :take] = req.prompts[rows, :take]
-      target = np.concatenate([free[:b], np.full((b_pad - b,), s)]).astype(np.int32)
+      target = free[:b].astype(np.int32)
       state, evicted = _REFILL_JIT(
           graphdef, params, state, batch, lengths[rows], keys[jnp.asarray(rows)],
           req.stop_ids[rows], req.stop_seqs[rows], target, temperature, top_p,
           np.int32(pad_id), **static)
-      evictions.append((np.concatenate([owner[free[:b]], np.full((b_pad - b,), -1)]),
-                        evicted))
-      owner[free[:b]] = ids
-      done[free[:b]] = False
-      prefill_tokens += b_pad * width
+      evictions.append((owner[target].copy(), evicted))
+      owner[target] = rows
+      done[target] = False
+      free = free[b:]
+      prefill_tokens += b * width
       prefill_calls += 1
     if not queue and done.all():
       break
