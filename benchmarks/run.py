@@ -32,6 +32,11 @@ def _sampler(quick):
   return sampler.run(quick)
 
 
+def _continuous(quick):
+  from benchmarks import continuous_bench  # pylint: disable=g-import-not-at-top
+  return continuous_bench.run(quick)
+
+
 def _sandbox(quick):
   from benchmarks import sandbox  # pylint: disable=g-import-not-at-top
   return sandbox.run(quick)
@@ -60,6 +65,7 @@ def _packing(quick):
 BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "update_flops": _update_flops,
     "sampler": _sampler,
+    "continuous": _continuous,
     "sandbox": _sandbox,
     "stdio": _stdio,
     "grpo_step": _grpo_step,

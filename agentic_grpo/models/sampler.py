@@ -310,6 +310,117 @@ def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
   return table
 
 
+def draw_tokens(logits: jax.Array, transform: core_types.SamplingTransform, keys: jax.Array,
+                step: jax.Array, greedy: bool) -> tuple[jax.Array, jax.Array]:
+  """The next token of each row and its behaviour log-prob (traced; used by the decode loops).
+
+  Args:
+    logits: `[N, V]` float32 logits of each row's next token.
+    transform: the `SamplingTransform` (`core.logprobs.transform_logits`).
+    keys: `[N]` row keys (`jax.random.split(rng, n)[row]`); unused when `greedy`.
+    step: int32, the index of the token drawn in its row's completion: a scalar (every row
+      at the same step) or `[N]`; the row key is folded with it.
+    greedy: static; the argmax of the transformed logits instead of a draw.
+
+  Returns:
+    `(tokens [N] int32, logprobs [N] float32)`, the log-probs under the same transform
+    (identical to `core.logprobs.token_logprobs`).
+  """
+  x = logprobs_lib.transform_logits(logits, transform)
+  if greedy:
+    tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
+  else:
+    steps = jnp.asarray(step, jnp.int32)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None if steps.ndim == 0 else 0))(
+        keys, steps)
+    tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+  lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
+  return tok, lp
+
+
+def stop_hits(tokens: jax.Array, window: jax.Array, stop_ids: jax.Array,
+              stop_seqs: jax.Array) -> jax.Array:
+  """`[N]` bool: the row's new token is a stop id or ends one of its stop sequences (traced).
+
+  Args:
+    tokens: `[N]` int32, each row's new token.
+    window: `[N, L]` int32, each row's last `L` generated tokens ending with `tokens`
+      (-2 where fewer were generated), `L` the width of `stop_seqs`.
+    stop_ids: `[N, K]` int32 (`_stop_id_table`, -1 padded).
+    stop_seqs: `[N, M, L]` int32 (`_stop_seq_table`, right-aligned, -1 padded).
+  """
+  seq_real = stop_seqs >= 0
+  seq_nonempty = jnp.any(seq_real, axis=-1)  # [N, M]
+  seq_hit = jnp.all(~seq_real | (window[:, None, :] == stop_seqs), axis=-1) & seq_nonempty
+  return jnp.any(tokens[:, None] == stop_ids, axis=-1) | jnp.any(seq_hit, axis=-1)
+
+
+class Requests(NamedTuple):
+  """Checked sampling requests (`check_requests`), as host arrays.
+
+  Attributes:
+    prompts: `[N, P]` int32, as given (not yet padded to a bucket).
+    prompt_lengths: `[N]` int32, each in `[1, P]`.
+    stop_ids: `[N, K]` int32 stop id table.
+    stop_seqs: `[N, M, L]` int32 stop sequence table.
+    vocab_limit: the static vocabulary limit to compile (0: none).
+    config: the model's `ModelConfig`.
+  """
+  prompts: np.ndarray
+  prompt_lengths: np.ndarray
+  stop_ids: np.ndarray
+  stop_seqs: np.ndarray
+  vocab_limit: int
+  config: transformer.ModelConfig
+
+
+def check_requests(graphdef, params, prompts, prompt_lengths, *, max_new_tokens: int,
+                   transform: core_types.SamplingTransform, stop_token_ids=None,
+                   stop_sequences=None) -> Requests:
+  """Checks the arguments of a sampling call and builds its stop tables.
+
+  The checks of `sample` (and of `models.continuous.sample`); the arguments are `sample`'s.
+
+  Raises:
+    ValueError: as `sample`.
+  """
+  prompts = np.asarray(prompts)
+  prompt_lengths = np.asarray(prompt_lengths)
+  if prompts.ndim != 2:
+    raise ValueError(f"prompts must be [N, P], got shape {prompts.shape}")
+  n, width = prompts.shape
+  if prompt_lengths.shape != (n,):
+    raise ValueError(f"prompt_lengths must be [N={n}], got shape {prompt_lengths.shape}")
+  if n == 0 or np.any(prompt_lengths < 1) or np.any(prompt_lengths > width):
+    raise ValueError(f"prompt_lengths must be in [1, {width}], got {prompt_lengths.tolist()}")
+  if (not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool)
+      or max_new_tokens < 1):
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+  if not isinstance(transform, core_types.SamplingTransform):
+    raise ValueError(f"transform must be a SamplingTransform, got {type(transform).__name__}")
+  config = nnx.merge(graphdef, params).config
+  longest = int(prompt_lengths.max())
+  if longest + max_new_tokens > config.max_seq_len:
+    raise ValueError(
+        f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
+        f"max_seq_len {config.max_seq_len}")
+  stop_ids = _stop_id_table(stop_token_ids, n)
+  stop_seqs = _stop_seq_table(stop_sequences, n)
+  if transform.vocab_limit > config.vocab_size:
+    raise ValueError(f"transform.vocab_limit ({transform.vocab_limit}) must be at most the "
+                     f"model's vocab_size ({config.vocab_size})")
+  sampleable = transform.vocab_limit or config.vocab_size
+  # A limit of the whole vocabulary masks nothing: compile it as no limit.
+  vocab_limit = int(transform.vocab_limit) if sampleable < config.vocab_size else 0
+  for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
+    if np.any(table >= sampleable) or np.any(table < -1):
+      raise ValueError(f"{name} must be ids in [0, {sampleable}) (the sampleable ids), got "
+                       f"{table.tolist()}")
+  return Requests(prompts=prompts.astype(np.int32), prompt_lengths=prompt_lengths.astype(np.int32),
+                  stop_ids=stop_ids, stop_seqs=stop_seqs, vocab_limit=vocab_limit,
+                  config=config)
+
+
 # Long by design: one traced program, read top to bottom (prefill, the first token, the segmented
 # decode); its closures `place` and `step` share the traced shapes, row keys and stop tables, which
 # as separate functions would each take a dozen arguments.
@@ -344,26 +455,16 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
   cache = place(cache)
   last = logits[:, 0]
   row_keys = jax.random.split(rng, n)
-  seq_real = stop_seqs >= 0
-  seq_nonempty = jnp.any(seq_real, axis=-1)  # [N, M]
 
   def step(i, logits_i, state):
     out_tokens, out_lp, history, done, lengths, finish = state
-    x = logprobs_lib.transform_logits(logits_i, transform)
-    if greedy:
-      tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    else:
-      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, i)
-      tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
-    # Identical to core.logprobs.token_logprobs(logits_i, tok, ...): same transform.
-    lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
+    tok, lp = draw_tokens(logits_i, transform, row_keys, i, greedy)
     active = ~done
     out_tokens = out_tokens.at[:, i].set(jnp.where(active, tok, pad_id))
     out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
     history = jax.lax.dynamic_update_slice(history, tok[:, None], (0, seq_len - 1 + i))
     window = jax.lax.dynamic_slice(history, (0, i), (n, seq_len))  # last L tokens
-    seq_hit = jnp.all(~seq_real | (window[:, None, :] == stop_seqs), axis=-1) & seq_nonempty
-    hit = jnp.any(tok[:, None] == stop_ids, axis=-1) | jnp.any(seq_hit, axis=-1)
+    hit = stop_hits(tok, window, stop_ids, stop_seqs)
     lengths = jnp.where(active, i + 1, lengths)
     finish = jnp.where(active & hit, FINISH_STOP, finish)
     done = done | hit
@@ -493,43 +594,18 @@ def sample(
       `transform.vocab_limit` above the model's vocabulary, or stop ids
       outside the sampleable ids (`[0, vocab_limit or vocab_size)`).
   """
-  prompts = np.asarray(prompts)
-  prompt_lengths = np.asarray(prompt_lengths)
-  if prompts.ndim != 2:
-    raise ValueError(f"prompts must be [N, P], got shape {prompts.shape}")
-  n, width = prompts.shape
-  if prompt_lengths.shape != (n,):
-    raise ValueError(f"prompt_lengths must be [N={n}], got shape {prompt_lengths.shape}")
-  if n == 0 or np.any(prompt_lengths < 1) or np.any(prompt_lengths > width):
-    raise ValueError(f"prompt_lengths must be in [1, {width}], got {prompt_lengths.tolist()}")
-  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-  if not isinstance(transform, core_types.SamplingTransform):
-    raise ValueError(f"transform must be a SamplingTransform, got {type(transform).__name__}")
+  req = check_requests(graphdef, params, prompts, prompt_lengths,
+                       max_new_tokens=max_new_tokens, transform=transform,
+                       stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
+  prompts, prompt_lengths = req.prompts, req.prompt_lengths
+  stop_ids, stop_seqs, vocab_limit = req.stop_ids, req.stop_seqs, req.vocab_limit
   temperature, top_k, top_p = transform.temperature, transform.top_k, transform.top_p
-  config = nnx.merge(graphdef, params).config
-  longest = int(prompt_lengths.max())
-  if longest + max_new_tokens > config.max_seq_len:
-    raise ValueError(
-        f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
-        f"max_seq_len {config.max_seq_len}")
-  bucket = _bucket(longest, prompt_buckets)
+  n, width = prompts.shape
+  bucket = _bucket(int(prompt_lengths.max()), prompt_buckets)
   if bucket > width:
     prompts = np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
   else:
     prompts = prompts[:, :bucket]
-  stop_ids = _stop_id_table(stop_token_ids, n)
-  stop_seqs = _stop_seq_table(stop_sequences, n)
-  if transform.vocab_limit > config.vocab_size:
-    raise ValueError(f"transform.vocab_limit ({transform.vocab_limit}) must be at most the "
-                     f"model's vocab_size ({config.vocab_size})")
-  sampleable = transform.vocab_limit or config.vocab_size
-  # A limit of the whole vocabulary masks nothing: compile it as no limit.
-  vocab_limit = int(transform.vocab_limit) if sampleable < config.vocab_size else 0
-  for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
-    if np.any(table >= sampleable) or np.any(table < -1):
-      raise ValueError(f"{name} must be ids in [0, {sampleable}) (the sampleable ids), got "
-                       f"{table.tolist()}")
   if shardings is not None:
     # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
     # `jax.transfer_guard("disallow")`.

@@ -223,7 +223,9 @@ class KVCache(NamedTuple):
     k: per layer `[N, n_kv_heads, S, head_dim]` keys (rotary applied).
     v: per layer `[N, n_kv_heads, S, head_dim]` values.
     valid: `[N, S]` bool, slots holding a real token.
-    index: int32 scalar, next slot to write (same for all rows).
+    index: int32, next slot to write: a scalar (the same slot for all rows: the static
+      sampler), or `[N]` (each row at its own slot: decode slots of continuous batching,
+      `models.continuous`).
   """
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -380,6 +382,15 @@ def _chunked_attention(q, k, v, mask, chunk, dt):
   return out[:, :, :, :t]
 
 
+def _write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """Writes `new [N, K, T, Dh]` into `cache [N, K, S, Dh]` at slot `index` (scalar: every
+  row; `[N]`: each row at its own slot)."""
+  if index.ndim == 0:
+    return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))
+  return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))(
+      cache, new, index)
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with rotary embeddings, optional q/k/v bias and q/k norm."""
 
@@ -429,8 +440,8 @@ class Attention(nnx.Module):
     new_cache = None
     if layer_cache is not None:
       ck, cv = layer_cache
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+      k = _write_slots(ck, k.astype(ck.dtype), index)
+      v = _write_slots(cv, v.astype(cv.dtype), index)
       new_cache = (k, v)
     n, t = q.shape[:2]
     kv, g, dh = c.n_kv_heads, c.group_size, c.head_dim
@@ -517,10 +528,18 @@ class Transformer(nnx.Module):
       index = None
     else:
       index = cache.index
-      valid = jax.lax.dynamic_update_slice(cache.valid, segment_mask, (0, index))
-      q_slots = index + jnp.arange(t)
       k_slots = jnp.arange(cache.valid.shape[1])
-    mask = (k_slots[None, :] <= q_slots[:, None])[None] & valid[:, None, :]  # [N, T, S]
+      if index.ndim == 0:
+        valid = jax.lax.dynamic_update_slice(cache.valid, segment_mask, (0, index))
+        q_slots = index + jnp.arange(t)
+      else:  # one slot per row
+        valid = jax.vmap(lambda m, s, i: jax.lax.dynamic_update_slice(m, s, (i,)))(
+            cache.valid, segment_mask, index)
+        q_slots = index[:, None] + jnp.arange(t)  # [N, T]
+    if q_slots.ndim == 1:
+      mask = (k_slots[None, :] <= q_slots[:, None])[None] & valid[:, None, :]  # [N, T, S]
+    else:
+      mask = (k_slots[None, None, :] <= q_slots[:, :, None]) & valid[:, None, :]
     if branches is not None:  # shared-prefix packing (no cache): prefix or own branch only
       mask = mask & packing.tree_mask(branches)
     new_k, new_v = [], []
@@ -619,7 +638,8 @@ def apply(
     positions: `[N, T]` int32 rotary positions (0 for a row's first token).
     cache: optional `KVCache`; the T tokens are written at slots
       `cache.index .. cache.index + T - 1` (the caller keeps this within the
-      cache's S slots) and attend to every valid earlier slot.
+      cache's S slots) and attend to every valid earlier slot. A `[N]`
+      `cache.index` writes each row at its own slot (continuous batching).
     segment_mask: optional `[N, T]` bool, False on padding; padded tokens are
       never attended to. Defaults to all True.
     logits_at: optional `[N]` int32, one token index in `[0, T)` per row: only
@@ -639,7 +659,7 @@ def apply(
   Raises:
     ValueError: on rank or shape mismatch of `tokens`, `positions`,
       `segment_mask`, `logits_at`, `branches`, a cache whose batch differs from
-      `tokens`, or `branches` with a cache.
+      `tokens` or whose `index` is neither a scalar nor `[N]`, or `branches` with a cache.
   """
   _check_tokens(tokens, positions, segment_mask, branches)
   if branches is not None and cache is not None:
@@ -647,6 +667,9 @@ def apply(
   if cache is not None and cache.valid.shape[0] != tokens.shape[0]:
     raise ValueError(f"cache batch {cache.valid.shape[0]} must equal tokens batch "
                      f"{tokens.shape[0]}")
+  if cache is not None and jnp.ndim(cache.index) not in (0, 1):
+    raise ValueError(f"cache.index must be a scalar or [N], got shape "
+                     f"{tuple(jnp.shape(cache.index))}")
   if logits_at is not None and tuple(logits_at.shape) != tokens.shape[:1]:
     raise ValueError(f"logits_at must be [N={tokens.shape[0]}], got shape "
                      f"{tuple(logits_at.shape)}")

@@ -1,0 +1,528 @@
+"""Continuous batching: a fixed set of decode slots, refilled as rows finish.
+
+The static sampler (`sampler.sample`) decodes a batch until its longest row stops: a finished
+row keeps its place in every decode step. Here a row that stops frees its *slot*, which the
+next waiting request takes after its prefill (iteration-level scheduling: Yu et al., 2022,
+"Orca: A Distributed Serving System for Transformer-Based Generative Models"; Kwon et al.,
+2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+vLLM). The device programs follow the prefill / insert / generate split of JAX serving
+engines (JetStream, MaxText's engine), each a pure function under `jax.jit`:
+
+* `prefill`: a few requests, prompts padded to a prompt bucket, through the model with a
+  fresh `[B, P]` KV cache; draws each request's first token.
+* `insert`: writes the prefilled cache rows, first tokens and per-request tables (row keys,
+  stop ids, stop sequences) into free slots of the decode state (`SlotState`, a
+  `[S, cache_len]` KV cache whose `index` is per slot: each slot writes at its own position).
+* `generate`: up to `steps` decode steps of every slot in one `lax.while_loop`, ending early
+  once enough slots finished while requests are waiting (so that the host can refill them),
+  or when every slot is done.
+
+`sample` is the host loop: a queue of requests in order, refilled into free slots (in batches
+of `refill_batch`) until it is empty; one program per refill prefills the new requests,
+inserts them and hands back the finished rows they replace, which are fetched once at the
+end and returned in request order. The finished slots stay in the decode steps until they are
+refilled (and, once the queue is empty, until every slot is done): the tail of the slowest
+requests runs at the cost of all `S` slots. It returns a `sampler.SampleOutput` with
+the fields and semantics of `sampler.sample`: same checks (`sampler.check_requests`), stop ids
+and stop sequences (`sampler.stop_hits`), transform and token draw (`sampler.draw_tokens`),
+lengths including the stop token(s), pad past the length, behaviour log-probs under the
+transform (what `transformer.sequence_logprobs` over `sampler.join_prompt_completion`
+recomputes). Determinism: request `r` draws with the key `jax.random.split(rng, N)[r]` folded
+with its step index, as row `r` of the static sampler does, so its tokens do not depend on
+which slot it got or when. Static and continuous batching give the same greedy tokens, and the
+same sampled tokens for the same key, up to float rounding (a prefill padded to another width,
+attention over a cache of another length: the log-probs agree to about 1e-6, and a token
+differs only where two candidates are that close).
+
+Shapes are static per program: `S` slots, `cache_len` = the prompt bucket of the longest
+prompt + `max_new_tokens`, prefill batches of a power of two requests and prompts padded to a
+bucket; the transform's `temperature` and `top_p` values, keys and stop tables are traced.
+The decode state is donated to `insert` and `generate` (updated in place where the backend
+allows it).
+
+Single device for now: the sharded path of the static sampler (`sampler.Shardings`: slots over
+the batch axes, the cache by `placement.kv_cache_shardings`) is the next step; `sample` here
+takes no shardings.
+
+Reused conversation prefixes (design, not built here). Stage k+1 of an episode extends stage
+k's conversation; its prefill could start from stage k's cache rows instead of position 0.
+With per-slot cache indices this is an `insert` of saved rows followed by a prefill of the new
+tokens only (a prefill that starts at the saved index). `reuse_prefix='never'` prefills every
+stage whole (today's behaviour); `'same_version'` reuses a saved prefix only when it was
+computed by the current policy version (then the log-probs are those of a full prefill, up to
+rounding); `'always'` also reuses prefixes of earlier versions, recording the version so that
+the importance ratio against the learner's recomputed log-probs covers the difference. Saved
+prefixes live in a host-managed pool of cache rows keyed by (episode, stage, version), evicted
+least-recently-used under a memory budget.
+"""
+
+import collections
+from typing import NamedTuple, Optional, Sequence, Union
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_grpo.core import types as core_types
+from agentic_grpo.models import sampler
+from agentic_grpo.models import transformer
+
+DEFAULT_SLOTS = 64
+DEFAULT_STEPS_PER_CALL = 32
+
+
+class SlotState(NamedTuple):
+  """The decode state of `S` slots (`init_slots`, `insert`, `generate`).
+
+  Attributes:
+    cache: `KVCache` of `[S, n_kv_heads, cache_len, head_dim]` keys and values, `[S,
+      cache_len]` validity and a per-slot `[S]` int32 `index` (the slot's next position).
+    tokens: `[S, T]` int32 generated ids of each slot's request; `pad_id` past its length.
+    logprobs: `[S, T]` float32 behaviour log-probs; 0 past the length.
+    window: `[S, L]` int32 last `L` generated tokens (-2 before the first), `L` the stop
+      sequence width.
+    steps: `[S]` int32 tokens generated so far (the length once done).
+    last: `[S]` int32 the last generated token (the next decode input).
+    prompt_lengths: `[S]` int32.
+    done: `[S]` bool; an empty slot is done.
+    finish: `[S]` int32 `sampler.FINISH_STOP` or `sampler.FINISH_LENGTH`.
+    keys: `[S]` row keys of the slots' requests.
+    stop_ids: `[S, K]` int32 stop id tables (-1 padded).
+    stop_seqs: `[S, M, L]` int32 stop sequence tables.
+  """
+  cache: transformer.KVCache
+  tokens: jax.Array
+  logprobs: jax.Array
+  window: jax.Array
+  steps: jax.Array
+  last: jax.Array
+  prompt_lengths: jax.Array
+  done: jax.Array
+  finish: jax.Array
+  keys: jax.Array
+  stop_ids: jax.Array
+  stop_seqs: jax.Array
+
+
+class Prefix(NamedTuple):
+  """What `prefill` hands to `insert` for `B` requests.
+
+  Attributes:
+    cache: `KVCache` of `[B, ..., P, ...]` rows (scalar index).
+    tokens: `[B]` int32 first generated tokens.
+    logprobs: `[B]` float32 their behaviour log-probs.
+    window: `[B, L]` int32 the stop window after the first token.
+    hit: `[B]` bool, the first token stopped the request.
+  """
+  cache: transformer.KVCache
+  tokens: jax.Array
+  logprobs: jax.Array
+  window: jax.Array
+  hit: jax.Array
+
+
+class Stats(NamedTuple):
+  """Work done by one `sample_with_stats` call.
+
+  Attributes:
+    prompt_tokens: real prompt tokens prefilled (sum of prompt lengths).
+    prefill_tokens: prompt slots computed, padding included (batch and bucket padding).
+    prefill_calls: `prefill` programs run.
+    generate_calls: `generate` programs run (host round trips).
+    decode_steps: decode steps run (each over all `S` slots).
+  """
+  prompt_tokens: int
+  prefill_tokens: int
+  prefill_calls: int
+  generate_calls: int
+  decode_steps: int
+
+
+def _transform(temperature, top_p, top_k, use_top_p, vocab_limit):
+  return core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0,
+                                      vocab_limit)
+
+
+def init_slots(config: transformer.ModelConfig, slots: int, cache_len: int,
+               max_new_tokens: int, stop_ids_width: int, stop_seqs_shape: tuple[int, int],
+               keys: jax.Array) -> SlotState:
+  """An empty decode state: every slot done and free.
+
+  Args:
+    config: the model's `ModelConfig` (cache shapes and dtype).
+    slots: `S`, the number of decode slots.
+    cache_len: cache positions per slot (longest prompt bucket + `max_new_tokens`).
+    max_new_tokens: `T`, the output width.
+    stop_ids_width: `K` of the stop id tables.
+    stop_seqs_shape: `(M, L)` of the stop sequence tables.
+    keys: `[S]` keys of the type the requests use (placeholders until `insert`).
+
+  Raises:
+    ValueError: a non-positive `slots` or `cache_len` (`transformer.init_cache`).
+  """
+  cache = transformer.init_cache(config, slots, cache_len)
+  cache = cache._replace(index=jnp.zeros((slots,), jnp.int32))
+  m, length = stop_seqs_shape
+
+  def zeros():  # a buffer of its own per field: the state is donated
+    return jnp.zeros((slots,), jnp.int32)
+
+  return SlotState(
+      cache=cache, tokens=jnp.zeros((slots, max_new_tokens), jnp.int32),
+      logprobs=jnp.zeros((slots, max_new_tokens), jnp.float32),
+      window=jnp.full((slots, length), -2, jnp.int32), steps=zeros(), last=zeros(),
+      prompt_lengths=zeros(), done=jnp.ones((slots,), jnp.bool_),
+      finish=jnp.full((slots,), sampler.FINISH_LENGTH, jnp.int32), keys=keys,
+      stop_ids=jnp.full((slots, stop_ids_width), -1, jnp.int32),
+      stop_seqs=jnp.full((slots, m, length), -1, jnp.int32))
+
+
+def _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, top_p,
+                  stop_ids, stop_seqs, *, top_k, greedy, use_top_p, vocab_limit):
+  config = nnx.merge(graphdef, params).config
+  b, p = prompts.shape
+  transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
+  cache = transformer.init_cache(config, b, p)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  logits, cache = transformer.apply(graphdef, params, prompts, positions, cache,
+                                    positions < prompt_lengths[:, None],
+                                    logits_at=prompt_lengths - 1)
+  tok, lp = sampler.draw_tokens(logits[:, 0], transform, keys, 0, greedy)
+  window = jnp.full((b, stop_seqs.shape[-1]), -2, jnp.int32).at[:, -1].set(tok)
+  hit = sampler.stop_hits(tok, window, stop_ids, stop_seqs)
+  return Prefix(cache=cache, tokens=tok, logprobs=lp, window=window, hit=hit)
+
+
+_PREFILL_JIT = jax.jit(_prefill_impl,
+                       static_argnames=("graphdef", "top_k", "greedy", "use_top_p",
+                                        "vocab_limit"))
+
+
+def prefill(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+            prompt_lengths: jax.Array, keys: jax.Array, stop_ids: jax.Array,
+            stop_seqs: jax.Array, *, transform: core_types.SamplingTransform,
+            greedy: bool = False) -> Prefix:
+  """Prefills `B` requests and draws their first tokens (jitted per `B`, `P`).
+
+  Args:
+    graphdef, params: the policy.
+    prompts: `[B, P]` int32, right-padded (`P` a prompt bucket).
+    prompt_lengths: `[B]` int32 in `[1, P]` (not checked here: `sample` checks).
+    keys: `[B]` the requests' row keys (`jax.random.split(rng, N)[request]`).
+    stop_ids: `[B, K]` int32, stop_seqs: `[B, M, L]` int32 (`sampler` tables).
+    transform: the sampling transform; its `vocab_limit` as `sampler.check_requests`
+      compiles it (0 for the whole vocabulary).
+    greedy: argmax instead of a draw.
+
+  Returns:
+    a `Prefix` of `B` rows.
+  """
+  return _PREFILL_JIT(graphdef, params, prompts, prompt_lengths, keys,
+                      jnp.float32(transform.temperature), jnp.float32(transform.top_p),
+                      stop_ids, stop_seqs, top_k=transform.top_k, greedy=bool(greedy),
+                      use_top_p=bool(transform.uses_top_p), vocab_limit=transform.vocab_limit)
+
+
+def _insert_impl(state: SlotState, prefix: Prefix, slots, prompt_lengths, keys, stop_ids,
+                 stop_seqs, pad_id) -> SlotState:
+  s, t_max = state.tokens.shape
+  b, p = prefix.cache.valid.shape
+  cache_len = state.cache.valid.shape[1]
+
+  def put(x, rows):  # rows of slots `slots`; entries past S are dropped (batch padding)
+    return x.at[slots].set(rows.astype(x.dtype), mode="drop")
+
+  k = tuple(ck.at[slots, :, :p].set(pk, mode="drop")
+            for ck, pk in zip(state.cache.k, prefix.cache.k, strict=True))
+  v = tuple(cv.at[slots, :, :p].set(pv, mode="drop")
+            for cv, pv in zip(state.cache.v, prefix.cache.v, strict=True))
+  valid = jnp.zeros((b, cache_len), jnp.bool_).at[:, :p].set(prefix.cache.valid)
+  cache = transformer.KVCache(k=k, v=v, valid=put(state.cache.valid, valid),
+                              index=put(state.cache.index, prompt_lengths))
+  first = jnp.arange(t_max)[None] == 0
+  done = prefix.hit | (t_max == 1)
+  return SlotState(
+      cache=cache,
+      tokens=put(state.tokens, jnp.where(first, prefix.tokens[:, None], pad_id)),
+      logprobs=put(state.logprobs, jnp.where(first, prefix.logprobs[:, None], 0.0)),
+      window=put(state.window, prefix.window),
+      steps=put(state.steps, jnp.ones((b,), jnp.int32)),
+      last=put(state.last, prefix.tokens),
+      prompt_lengths=put(state.prompt_lengths, prompt_lengths),
+      done=put(state.done, done),
+      finish=put(state.finish, jnp.where(prefix.hit, sampler.FINISH_STOP,
+                                         sampler.FINISH_LENGTH)),
+      keys=state.keys.at[slots].set(keys, mode="drop"),
+      stop_ids=put(state.stop_ids, stop_ids),
+      stop_seqs=put(state.stop_seqs, stop_seqs))
+
+
+_INSERT_JIT = jax.jit(_insert_impl, donate_argnames=("state",))
+
+
+def insert(state: SlotState, prefix: Prefix, slots: jax.Array, prompt_lengths: jax.Array,
+           keys: jax.Array, stop_ids: jax.Array, stop_seqs: jax.Array,
+           pad_id: int = 0) -> SlotState:
+  """Writes `B` prefilled requests into slots `slots` (jitted; `state` is donated).
+
+  Args:
+    state: the decode state (its buffers are donated: do not use it afterwards).
+    prefix: `prefill`'s output for the `B` requests.
+    slots: `[B]` int32 slot of each request; an entry `>= S` is dropped (batch padding).
+    prompt_lengths: `[B]` int32; keys: `[B]` row keys; stop_ids: `[B, K]`; stop_seqs:
+      `[B, M, L]` (the tables' widths as the state's).
+    pad_id: id written past a row's length.
+
+  Returns:
+    the new `SlotState`: each written slot holds its prompt's cache rows (positions `0..P-1`,
+    padding invalid), its next position at its prompt length, its first token and step 1; it
+    is done already if the first token stopped it (or `T == 1`).
+  """
+  return _INSERT_JIT(state, prefix, jnp.asarray(slots, jnp.int32),
+                     jnp.asarray(prompt_lengths, jnp.int32), keys, stop_ids, stop_seqs,
+                     jnp.int32(pad_id))
+
+
+def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_finished,
+                   *, steps, top_k, greedy, use_top_p, vocab_limit):
+  transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
+  t_max = state.tokens.shape[1]
+  done_before = jnp.sum(state.done)
+
+  def cond(carry):
+    k, st = carry
+    finished = jnp.sum(st.done)
+    refill = (min_finished > 0) & (finished > done_before) & (finished >= min_finished)
+    return (k < steps) & jnp.any(~st.done) & ~refill
+
+  def body(carry):
+    k, st = carry
+    live = ~st.done
+    # `last` is token `steps - 1` of the completion, at position prompt + steps - 1.
+    pos = (st.prompt_lengths + st.steps - 1)[:, None]
+    logits, cache = transformer.apply(graphdef, params, st.last[:, None], pos, st.cache)
+    # A done (or empty) slot keeps its index: it rewrites one slot past its content.
+    cache = cache._replace(index=jnp.where(live, cache.index, st.cache.index))
+    tok, lp = sampler.draw_tokens(logits[:, 0], transform, st.keys, st.steps, greedy)
+    at = (jnp.arange(t_max)[None] == st.steps[:, None]) & live[:, None]
+    window = jnp.where(live[:, None], jnp.concatenate([st.window[:, 1:], tok[:, None]], 1),
+                       st.window)
+    hit = live & sampler.stop_hits(tok, window, st.stop_ids, st.stop_seqs)
+    new_steps = jnp.where(live, st.steps + 1, st.steps)
+    return k + 1, st._replace(
+        cache=cache, tokens=jnp.where(at, tok[:, None], st.tokens),
+        logprobs=jnp.where(at, lp[:, None], st.logprobs), window=window, steps=new_steps,
+        last=jnp.where(live, tok, st.last),
+        done=st.done | hit | (new_steps >= t_max),
+        finish=jnp.where(hit, sampler.FINISH_STOP, st.finish))
+
+  k, state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))
+  return state, k
+
+
+_GENERATE_JIT = jax.jit(_generate_impl, donate_argnames=("state",),
+                        static_argnames=("graphdef", "steps", "top_k", "greedy", "use_top_p",
+                                         "vocab_limit"))
+
+
+def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
+             transform: core_types.SamplingTransform, greedy: bool = False,
+             steps: int = DEFAULT_STEPS_PER_CALL,
+             min_finished: int = 1) -> tuple[SlotState, jax.Array]:
+  """Up to `steps` decode steps of every slot (jitted per `steps`; `state` is donated).
+
+  Each step feeds every live slot its last token at its own position and draws the next
+  (`sampler.draw_tokens` with the slot's key and step); a slot is done at a stop id, a stop
+  sequence, or `T` tokens.
+
+  Args:
+    graphdef, params: the policy.
+    state: the decode state (donated).
+    transform, greedy: as `prefill` (the same values for the whole run).
+    steps: static, the most decode steps of this call.
+    min_finished: end once a slot finished in this call and at least `min_finished` slots
+      are done (free for waiting requests); 0: run until every slot is done or `steps`
+      steps. Traced.
+
+  Returns:
+    `(state, steps_run)`, `steps_run` an int32 scalar.
+  """
+  return _GENERATE_JIT(graphdef, params, state, jnp.float32(transform.temperature),
+                       jnp.float32(transform.top_p), jnp.int32(min_finished), steps=steps,
+                       top_k=transform.top_k, greedy=bool(greedy),
+                       use_top_p=bool(transform.uses_top_p), vocab_limit=transform.vocab_limit)
+
+
+@jax.jit
+def _take(state: SlotState, slots):
+  return state.tokens[slots], state.logprobs[slots], state.steps[slots], state.finish[slots]
+
+
+def _refill_impl(graphdef, params, state, prompts, prompt_lengths, keys, stop_ids, stop_seqs,
+                 slots, temperature, top_p, pad_id, *, top_k, greedy, use_top_p, vocab_limit):
+  """`prefill` + `insert` in one program; also returns the slots' rows before the insert
+  (the finished requests they held: `_take`)."""
+  evicted = _take(state, jnp.minimum(slots, state.done.shape[0] - 1))
+  prefix = _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, top_p,
+                         stop_ids, stop_seqs, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+                         vocab_limit=vocab_limit)
+  state = _insert_impl(state, prefix, slots, prompt_lengths, keys, stop_ids, stop_seqs, pad_id)
+  return state, evicted
+
+
+_REFILL_JIT = jax.jit(_refill_impl, donate_argnames=("state",),
+                      static_argnames=("graphdef", "top_k", "greedy", "use_top_p",
+                                       "vocab_limit"))
+
+
+def _positive_int(name: str, value) -> int:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{name} must be a positive int, got {value!r}")
+  return int(value)
+
+
+def sample(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    prompts,
+    prompt_lengths,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
+    greedy: bool = False,
+    stop_token_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]], np.ndarray]] = None,
+    stop_sequences: Optional[Sequence] = None,
+    pad_id: int = 0,
+    prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
+    slots: int = DEFAULT_SLOTS,
+    steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+    refill_batch: Optional[int] = None,
+) -> sampler.SampleOutput:
+  """Generates up to `max_new_tokens` tokens for each of N prompts with `slots` decode slots.
+
+  The arguments and the result are those of `sampler.sample` (single device: no
+  `shardings`), plus:
+
+  Args:
+    slots: `S`, requests decoded at once; a finished request's slot goes to the next
+      waiting one (N may be larger or smaller than S).
+    steps_per_call: the most decode steps between two host round trips while no slot
+      finishes (a static size of the `generate` program).
+    refill_batch: while requests wait, decoding returns to the host to refill once this many
+      slots are free (or as many as requests wait), so that refills and their prefills come
+      in batches; None: `max(1, slots // 16)`. The tokens do not depend on it.
+
+  Returns:
+    `sampler.SampleOutput` in request order: `[N, max_new_tokens]` int32 tokens (`pad_id`
+    past `lengths`) and float32 behaviour log-probs (0 past `lengths`), `[N]` int32 lengths
+    (stop tokens included) and finish reasons.
+
+  Raises:
+    ValueError: as `sampler.sample` (bad shapes, prompt lengths outside `[1, P]`, prompt +
+      new tokens past `max_seq_len`, a non-positive `max_new_tokens`, a bad `transform` or
+      stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call` or
+      `refill_batch` not a positive int.
+  """
+  return sample_with_stats(
+      graphdef, params, prompts, prompt_lengths, rng, max_new_tokens=max_new_tokens,
+      transform=transform, greedy=greedy, stop_token_ids=stop_token_ids,
+      stop_sequences=stop_sequences, pad_id=pad_id, prompt_buckets=prompt_buckets,
+      slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch)[0]
+
+
+def sample_with_stats(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    prompts,
+    prompt_lengths,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    transform: core_types.SamplingTransform = core_types.IDENTITY_TRANSFORM,
+    greedy: bool = False,
+    stop_token_ids=None,
+    stop_sequences=None,
+    pad_id: int = 0,
+    prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
+    slots: int = DEFAULT_SLOTS,
+    steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+    refill_batch: Optional[int] = None,
+) -> tuple[sampler.SampleOutput, Stats]:
+  """`sample`, and the `Stats` of the work it did (prefill tokens, round trips, steps).
+
+  Raises:
+    ValueError: as `sample`.
+  """
+  s = _positive_int("slots", slots)
+  steps_per_call = _positive_int("steps_per_call", steps_per_call)
+  refill_batch = max(1, s // 16) if refill_batch is None else _positive_int(
+      "refill_batch", refill_batch)
+  req = sampler.check_requests(graphdef, params, prompts, prompt_lengths,
+                               max_new_tokens=max_new_tokens, transform=transform,
+                               stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
+  t_max = int(max_new_tokens)
+  n = req.prompts.shape[0]
+  lengths = req.prompt_lengths
+  cache_len = sampler.prompt_bucket(int(lengths.max()), prompt_buckets) + t_max
+  run_transform = core_types.SamplingTransform(transform.temperature, transform.top_k,
+                                               transform.top_p, req.vocab_limit)
+  keys = jax.random.split(rng, n)
+  state = init_slots(req.config, s, cache_len, t_max, req.stop_ids.shape[1],
+                     req.stop_seqs.shape[1:], jax.random.split(rng, s))
+  owner = np.full((s,), -1, np.int64)  # request each slot holds (or held, once done); -1 none
+  done = np.ones((s,), bool)  # the host's view: free or finished slots
+  queue = collections.deque(range(n))
+  evictions = []  # (requests, their rows on the device), fetched once at the end
+  prefill_tokens = prefill_calls = generate_calls = decode_steps = 0
+  temperature, top_p = jnp.float32(transform.temperature), jnp.float32(transform.top_p)
+  static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
+                use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
+
+  while True:
+    free = np.flatnonzero(done)
+    while queue and free.size:
+      # A power of two of requests at a time (few compiled sizes, no padded rows): 17 free
+      # slots take a refill of 16, then one of 1.
+      b = 1 << (min(free.size, len(queue)).bit_length() - 1)
+      rows = np.array([queue.popleft() for _ in range(b)])
+      width = sampler.prompt_bucket(int(lengths[rows].max()), prompt_buckets)
+      batch = np.full((b, width), pad_id, np.int32)
+      take = min(width, req.prompts.shape[1])
+      batch[:, :take] = req.prompts[rows, :take]
+      target = free[:b].astype(np.int32)
+      state, evicted = _REFILL_JIT(
+          graphdef, params, state, batch, lengths[rows], keys[jnp.asarray(rows)],
+          req.stop_ids[rows], req.stop_seqs[rows], target, temperature, top_p,
+          np.int32(pad_id), **static)
+      evictions.append((owner[target].copy(), evicted))
+      owner[target] = rows
+      done[target] = False
+      free = free[b:]
+      prefill_tokens += b * width
+      prefill_calls += 1
+    if not queue and done.all():
+      break
+    min_finished = min(refill_batch, len(queue)) if queue else 0
+    state, k = generate(graphdef, params, state, transform=run_transform, greedy=greedy,
+                        steps=steps_per_call, min_finished=min_finished)
+    done, k = jax.device_get((state.done, k))
+    done = np.array(done)
+    generate_calls += 1
+    decode_steps += int(k)
+  evictions.append((owner, _take(state, jnp.arange(s, dtype=jnp.int32))))
+  out_tokens = np.full((n, t_max), pad_id, np.int32)
+  out_lp = np.zeros((n, t_max), np.float32)
+  out_len = np.zeros((n,), np.int32)
+  out_finish = np.zeros((n,), np.int32)
+  for requests, (tok, lp, length, finish) in jax.device_get(evictions):
+    held = requests >= 0
+    r = requests[held]
+    out_tokens[r], out_lp[r], out_len[r], out_finish[r] = (tok[held], lp[held], length[held],
+                                                           finish[held])
+  out = sampler.SampleOutput(tokens=jnp.asarray(out_tokens), lengths=jnp.asarray(out_len),
+                             finish_reason=jnp.asarray(out_finish), logprobs=jnp.asarray(out_lp))
+  return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
+                    prefill_calls=prefill_calls, generate_calls=generate_calls,
+                    decode_steps=decode_steps)
