@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 ARGS ?=
+# Test processes (pytest-xdist); each test file runs whole in one of them.
+TEST_WORKERS ?= 2
 
 .PHONY: train test install install-test clean
 
@@ -27,9 +29,9 @@ install-test: $(VENV)/.installed-test
 train: $(VENV)/.installed
 	$(PY) -m launch.train $(ARGS)
 
-## Installs the test extra and runs the whole test suite.
+## Installs the test extra and runs the whole test suite (TEST_WORKERS processes, 1 = serial).
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
