@@ -84,7 +84,6 @@ restores only into the number of processes that wrote it).
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 from typing import Any, Optional, Sequence

@@ -19,7 +19,6 @@ for a few shapes only. The numbers are those of the eager functions (`tests/batc
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import advantages as advantages_lib
