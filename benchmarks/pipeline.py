@@ -3,7 +3,7 @@ r"""Where the RL loop's wall time goes, and how full its updates are: short runs
 For the default run (`experiments/tiny_codegen.py`) and the long-horizon task (the `agentic`
 arm of `experiments/ablation.py`, `task.source='long_horizon'`), trains a short run into a
 temporary workdir and reads its `metrics.jsonl`: the `pipeline/...` keys that `train.rl_phase`
-logs every row (`train/metrics.py`). The first RL row (it holds the update step's compilations)
+logs every row (`train/metric_rows.py`). The first RL row (it holds the update step's compilations)
 is left out of the time shares ("after warm-up"); the update shapes count every update.
 
 Reported per task: the share of wall time the host spends on the learner (taking batches,

@@ -10,7 +10,7 @@ warm-start from that very checkpoint for N more steps and compares, on the same 
 
 1. **N** = round(`rl/seconds` / warm-start seconds per step), unless `--steps` is given.
    `rl/seconds` is the RL phase's wall seconds, evaluation excluded (the final RL row of
-   `metrics.jsonl`, `train/metrics.py`); the warm-start's seconds per step is the mean over its
+   `metrics.jsonl`, `train/metric_rows.py`); the warm-start's seconds per step is the mean over its
    logged rows' intervals (`seconds` differences over step differences; the interval up to the
    first row, which holds start-up and compilation, and an interval across a resume are left
    out; the warm-start's end-of-phase evaluation falls after its row's `seconds`, so no

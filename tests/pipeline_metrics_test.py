@@ -1,4 +1,4 @@
-"""Tests for the `pipeline/...` metrics (agentic_grpo.train.metrics) and their reader
+"""Tests for the `pipeline/...` metrics (agentic_grpo.train.metric_rows) and their reader
 (benchmarks.pipeline.summarise)."""
 
 import io
@@ -8,7 +8,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from agentic_grpo.train import metrics
+from agentic_grpo.train import metric_rows
 from benchmarks import pipeline
 
 
@@ -26,7 +26,7 @@ class PipelineMetricsTest(absltest.TestCase):
         # a provisional update of 1 row in 2 slots.
         {"rows": 1, "rows_provisional": 1, "row_slots": 2, "loss_tokens": 2, "token_slots": 16},
     ]
-    row = metrics.pipeline_shapes(stats)
+    row = metric_rows.pipeline_shapes(stats)
     self.assertEqual(row["pipeline/updates_provisional"], 2)
     self.assertEqual(row["pipeline/updates_correction"], 1)
     self.assertEqual(row["pipeline/updates_final"], 1)
@@ -38,27 +38,27 @@ class PipelineMetricsTest(absltest.TestCase):
     self.assertAlmostEqual(row["pipeline/row_padding_fraction"], 1 - 11 / 14)
 
   def test_shapes_of_no_update(self):
-    self.assertEqual(metrics.pipeline_shapes([]), {})
+    self.assertEqual(metric_rows.pipeline_shapes([]), {})
 
   def test_times(self):
-    row = metrics.pipeline_times({"learner": 1.0, "sampler": 2.0, "sandbox": 0.5}, 4.0)
+    row = metric_rows.pipeline_times({"learner": 1.0, "sampler": 2.0, "sandbox": 0.5}, 4.0)
     self.assertEqual(row["pipeline/wall_seconds"], 4.0)
     self.assertAlmostEqual(row["pipeline/learner_busy_fraction"], 0.25)
     self.assertAlmostEqual(row["pipeline/sampler_busy_fraction"], 0.5)
     self.assertAlmostEqual(row["pipeline/sandbox_busy_fraction"], 0.125)
     self.assertAlmostEqual(row["pipeline/learner_idle_fraction"], 0.75)
-    self.assertEqual(set(row), set(metrics.PIPELINE_TIMES))
+    self.assertEqual(set(row), set(metric_rows.PIPELINE_TIMES))
     # Clipped at 1.
-    self.assertEqual(metrics.pipeline_times({"learner": 9.0}, 3.0)[
+    self.assertEqual(metric_rows.pipeline_times({"learner": 9.0}, 3.0)[
         "pipeline/learner_busy_fraction"], 1.0)
 
   def test_summarise_skips_the_first_row_for_times(self):
-    first = dict(metrics.pipeline_times({"learner": 10.0}, 10.0), phase="rl")
-    first.update(metrics.pipeline_shapes([{"rows": 1, "rows_provisional": 1, "row_slots": 4,
-                                           "loss_tokens": 1, "token_slots": 8}]))
-    later = dict(metrics.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
-    later.update(metrics.pipeline_shapes([{"rows": 3, "rows_provisional": 3, "row_slots": 4,
-                                           "loss_tokens": 3, "token_slots": 8}]))
+    first = dict(metric_rows.pipeline_times({"learner": 10.0}, 10.0), phase="rl")
+    first.update(metric_rows.pipeline_shapes([{"rows": 1, "rows_provisional": 1, "row_slots": 4,
+                                               "loss_tokens": 1, "token_slots": 8}]))
+    later = dict(metric_rows.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
+    later.update(metric_rows.pipeline_shapes([{"rows": 3, "rows_provisional": 3, "row_slots": 4,
+                                               "loss_tokens": 3, "token_slots": 8}]))
     s = pipeline.summarise([{"phase": "warmstart"}, first, later])
     self.assertEqual(s["rl_rows"], 2)
     self.assertAlmostEqual(s["learner_busy"], 0.25)
@@ -71,9 +71,9 @@ class PipelineMetricsTest(absltest.TestCase):
     self.assertAlmostEqual(s["token_padding_provisional"], 0.75)
 
   def test_read_finished_runs(self):
-    row = dict(metrics.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
-    row.update(metrics.pipeline_shapes([{"rows": 3, "rows_correction": 3, "row_slots": 4,
-                                         "loss_tokens": 3, "token_slots": 8}]))
+    row = dict(metric_rows.pipeline_times({"learner": 1.0, "sampler": 3.0}, 4.0), phase="rl")
+    row.update(metric_rows.pipeline_shapes([{"rows": 3, "rows_correction": 3, "row_slots": 4,
+                                             "loss_tokens": 3, "token_slots": 8}]))
     run = self.create_tempdir().full_path
     with open(os.path.join(run, "metrics.jsonl"), "w") as f:
       f.write(json.dumps({"phase": "warmstart"}) + "\n\n" + json.dumps(row) + "\n")

@@ -1,9 +1,9 @@
-"""Tests for the whole-phase RL keys and the end-of-run summary (agentic_grpo.train.metrics:
+"""Tests for the whole-phase RL keys and the end-of-run summary (agentic_grpo.train.metric_rows:
 `rl_phase_totals`, `run_summary`, `summary_line`)."""
 
 from absl.testing import absltest
 
-from agentic_grpo.train import metrics
+from agentic_grpo.train import metric_rows
 
 
 def _history():
@@ -25,35 +25,36 @@ class RunSummaryTest(absltest.TestCase):
   def test_phase_totals(self):
     # 48 episodes in groups of 8 = 6 groups, 3 of them tied; 12 s.
     row = {"loop/episodes": 48.0, "loop/tied_groups_final": 3.0}
-    self.assertEqual(metrics.rl_phase_totals(row, 12.0, 8),
+    self.assertEqual(metric_rows.rl_phase_totals(row, 12.0, 8),
                      {"rl/seconds": 12.0, "rl/episodes_per_s_phase": 4.0,
                       "signal/tied_groups_final_phase": 0.5})
     # No episode finished: a rate of 0 and no share.
-    self.assertEqual(metrics.rl_phase_totals({}, 0.0, 8),
+    self.assertEqual(metric_rows.rl_phase_totals({}, 0.0, 8),
                      {"rl/seconds": 0.0, "rl/episodes_per_s_phase": 0.0})
     for key in ("rl/seconds", "rl/episodes_per_s_phase", "rl/episodes_per_s"):
-      self.assertIn(key, metrics.RL_TIMES)
+      self.assertIn(key, metric_rows.RL_TIMES)
 
   def test_summary_of_a_history(self):
-    summary = metrics.run_summary(_history())
+    summary = metric_rows.run_summary(_history())
     self.assertEqual(summary, {
         "warmstart/heldout_pass_at_1": 0.2, "warmstart/heldout_pass_at_G": 0.5,
         "warmstart/train_pass_at_1": 0.3, "warmstart/train_pass_at_G": 0.6,
         "final/heldout_pass_at_1": 0.25, "final/heldout_pass_at_G": 0.45,
         "entropy_first": 0.9, "entropy_last": 0.7, "tied_groups_final": 0.625,
         "episodes_per_s": 4.5})
-    self.assertEqual(metrics.run_summary([]), {})
+    self.assertEqual(metric_rows.run_summary([]), {})
 
   def test_summary_line(self):
-    line = metrics.summary_line(metrics.run_summary(_history()), group_size=8, temperature=0.5)
+    line = metric_rows.summary_line(metric_rows.run_summary(_history()), group_size=8,
+                                    temperature=0.5)
     self.assertEqual(line, "RL: headroom (held-out pass@1 -> pass@8 at T=0.5): warm-start "
                            "0.200 -> 0.500, end 0.250 -> 0.450; tied groups (final reward) "
                            "0.625; entropy 0.900 -> 0.700 nats; RL 4.5 episodes/s")
-    only_ws = metrics.run_summary(_history()[:2])
-    self.assertEqual(metrics.summary_line(only_ws, group_size=4, temperature=1.0),
+    only_ws = metric_rows.run_summary(_history()[:2])
+    self.assertEqual(metric_rows.summary_line(only_ws, group_size=4, temperature=1.0),
                      "RL: headroom (held-out pass@1 -> pass@4 at T=1): warm-start "
                      "0.200 -> 0.500")
-    self.assertEqual(metrics.summary_line({}, group_size=8, temperature=0.5), "")
+    self.assertEqual(metric_rows.summary_line({}, group_size=8, temperature=0.5), "")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ from agentic_grpo.train.device import rl_optimizer
 from agentic_grpo.train.evaluation import evaluate
 from agentic_grpo.train.evaluation import paired_gain
 from agentic_grpo.train.evaluation import pass_at_k
+from agentic_grpo.train.metric_rows import summary_line
 from agentic_grpo.train.metrics import MetricsWriter
 from agentic_grpo.train.metrics import plot_learning_curve
-from agentic_grpo.train.metrics import summary_line
 from agentic_grpo.train.preemption import Preempted
 from agentic_grpo.train.run import run
 from agentic_grpo.train.warmstart import sft_batch

@@ -40,7 +40,7 @@ from agentic_grpo.replay import batching
 from agentic_grpo.train import coordination
 from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import evaluation
-from agentic_grpo.train import metrics as metrics_lib
+from agentic_grpo.train import metric_rows
 from agentic_grpo.train import session as session_lib
 
 # The share of training stages skipped for length above which a run without learning signal
@@ -212,13 +212,13 @@ class RLPhase:
     if updates:
       self.last_update = updates[-1]
     s.counters.update(s.agent.pop_counts())  # errors and sandbox verdicts of harvested jobs
-    local = {"harvest": metrics_lib.values_by_key(self.harvest_rows),
+    local = {"harvest": metric_rows.values_by_key(self.harvest_rows),
              "counts": dict(s.counters),
              "loop": {**s.agent.counters, **{k: v for k, v in s.replay.counters.items()
                                             if k in _GROUP_FILTER_COUNTS}},
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
              "stats": [stats for _, stats in self.updates],
-             "replay": {k: s.replay.counters.get(k, 0) for k in metrics_lib.REPLAY_TOTALS}}
+             "replay": {k: s.replay.counters.get(k, 0) for k in metric_rows.REPLAY_TOTALS}}
     episodes = s.coord.total(s.agent.counters["episodes"] - self.episodes_logged)
     now = time.time()
     self.rl_seconds += now - self.t_logged
@@ -227,10 +227,10 @@ class RLPhase:
            "rl/episodes_per_s": episodes / max(now - self.t_logged, 1e-9),
            "loop/learner_idle_fraction": min(
                1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
-    row.update(metrics_lib.pipeline_times(self.busy, now - self.t_logged))
-    row.update(metrics_lib.rl_row(s.coord.gather(local), updates))
+    row.update(metric_rows.pipeline_times(self.busy, now - self.t_logged))
+    row.update(metric_rows.rl_row(s.coord.gather(local), updates))
     if final:
-      row.update(metrics_lib.rl_phase_totals(row, self.rl_seconds, s.cfg.rl.group_size))
+      row.update(metric_rows.rl_phase_totals(row, self.rl_seconds, s.cfg.rl.group_size))
     if final or session_lib.periodic(s.step, s.cfg.eval.every, start=s.ws_steps):
       s.record_eval(evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=final,
                                         baseline=s.warm_passed)[0])

@@ -25,7 +25,7 @@ Outputs in `workdir`: `metrics.jsonl` (one JSON object per logged step: `step` (
 warm-start steps then RL steps), `phase` (`warmstart` | `rl`), losses, rewards per stage, clip
 fraction, KL, entropy, tied groups, staleness drops, corrections, errors, tokens/s, episodes/s,
 seconds, and `eval/...` and `headroom/...` when evaluated; the keys are listed in
-`train/metrics.py`), TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints`
+`train/metric_rows.py`), TensorBoard events in `workdir/tb`, checkpoints in `workdir/checkpoints`
 (everything needed to resume exactly), `config.json`, and `learning_curve.png` at the end. A
 run restarted with the same workdir resumes where it stopped.
 
@@ -56,6 +56,7 @@ from agentic_grpo import parallel
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import components as components_lib
+from agentic_grpo.train import metric_rows
 from agentic_grpo.train import metrics as metrics_lib
 from agentic_grpo.train import preemption
 from agentic_grpo.train import rl_phase
@@ -190,5 +191,5 @@ def _run(comp: components_lib.Components, workdir: str, stop_after: Optional[int
   return {"step": s.step, "phase": s.phase, "seconds": time.time() - s.t_start,
           "warmstart_pass_at_1": warm.get("eval/pass_at_1"),
           "final_pass_at_1": s.metrics.pass1, "last_eval": s.last_eval,
-          "summary": metrics_lib.run_summary(s.metrics.history),
+          "summary": metric_rows.run_summary(s.metrics.history),
           "state": s.device.state, "incomplete": rl.verdict()}
