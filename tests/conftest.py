@@ -4,13 +4,24 @@ See `tests/fixtures/xla_flags.py` for why the suite compiles at XLA optimisation
 `XLA_FLAGS` already set in the environment is kept as it is.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 from tests.fixtures import xla_flags
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", xla_flags.suite_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Each test process (`make test` runs several) gets its own absltest temp root, inside the
+# given TEST_TMPDIR or the system's: absltest names a test's directories by class and method,
+# and cleans them up, so two processes sharing one root could remove each other's files. Must
+# happen before absltest is imported (it reads TEST_TMPDIR once).
+os.environ["TEST_TMPDIR"] = tempfile.mkdtemp(prefix="agentic_grpo_tests_",
+                                             dir=os.environ.get("TEST_TMPDIR") or None)
+atexit.register(shutil.rmtree, os.environ["TEST_TMPDIR"], ignore_errors=True)
 
 # absltest helpers (create_tempdir, flag defaults) need parsed flags; pytest never parses them.
 from absl import flags  # pylint: disable=g-import-not-at-top
