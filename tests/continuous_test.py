@@ -186,6 +186,43 @@ class ContinuousTest(parameterized.TestCase):
     self.assertGreaterEqual(stats.decode_steps, 3 * (_T - 1))
     self.assertGreaterEqual(stats.prefill_calls, 3)
 
+  @parameterized.named_parameters(
+      ("greedy", True, None),
+      ("sampled", False, dict(temperature=1.0, top_p=0.95)),
+  )
+  def test_width_and_tail_bounds_keep_tokens(self, greedy, transform):
+    graphdef, params = _model()
+    prompts, lengths = _prompts(seed=9, n=24)
+    t = 40  # cache widths 24, 32, .., 56: the state is widened as slots fill
+    free = np.asarray(sampler.sample(graphdef, params, prompts, lengths, jax.random.key(0),
+                                     max_new_tokens=t, greedy=True).tokens)
+    # Stops at a few tokens of the free completions: lengths from 1 to t, most short.
+    stop = sorted({int(free[i, j]) for i, j in ((0, 3), (1, 9), (2, 0))})
+    kwargs = dict(max_new_tokens=t, greedy=greedy, stop_token_ids=stop,
+                  transform=core_types.SamplingTransform(**(transform or {})))
+    static = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(4), **kwargs)
+    runs = {m: continuous.sample_with_stats(graphdef, params, prompts, lengths,
+                                            jax.random.key(4), slots=16, steps_per_call=8,
+                                            min_slots=m, **kwargs) for m in (1, 16)}
+    for out, _ in runs.values():
+      _assert_same(static, out)
+    out, stats = runs[1]
+    self.assertGreater(int(np.ptp(np.asarray(out.lengths))), t // 2)
+    if greedy:
+      self.assertIn(sampler.FINISH_LENGTH, np.asarray(out.finish_reason).tolist())
+    # The tail ran in fewer slots, and the cache was kept narrower than P + T.
+    self.assertGreaterEqual(stats.compactions, 2)
+    self.assertEqual(runs[16][1].compactions, 0)
+    self.assertGreaterEqual(stats.resizes, 2)
+    full = stats.decode_steps * 16 * (16 + t)
+    self.assertLess(stats.cache_reads, 0.6 * full)
+    self.assertLess(stats.cache_reads, runs[16][1].cache_reads)
+
+  def test_cache_widths(self):
+    self.assertEqual(continuous.cache_widths(16, 40), [24, 32, 40, 48, 56])
+    self.assertEqual(continuous.cache_widths(64, 256)[-1], 320)
+    self.assertEqual(continuous.cache_widths(16, 8), [24])
+
 
 class PerRowCacheIndexTest(absltest.TestCase):
 
@@ -227,6 +264,7 @@ class ValidationTest(parameterized.TestCase):
       ("slots_bool", dict(slots=True), "slots must be a positive int"),
       ("steps", dict(steps_per_call=0), "steps_per_call must be a positive int"),
       ("refill_batch", dict(refill_batch=0), "refill_batch must be a positive int"),
+      ("min_slots", dict(min_slots=0), "min_slots must be a positive int"),
       ("rank", dict(prompts=np.zeros((4,), np.int32)), "prompts must be"),
       ("zero_length", dict(lengths=np.zeros((_N,), np.int32)), "prompt_lengths must be in"),
       ("max_new", dict(max_new_tokens=0), "max_new_tokens"),

@@ -20,9 +20,19 @@ engines (JetStream, MaxText's engine), each a pure function under `jax.jit`:
 `sample` is the host loop: a queue of requests in order, refilled into free slots (in batches
 of `refill_batch`) until it is empty; one program per refill prefills the new requests,
 inserts them and hands back the finished rows they replace, which are fetched once at the
-end and returned in request order. The finished slots stay in the decode steps until they are
-refilled (and, once the queue is empty, until every slot is done): the tail of the slowest
-requests runs at the cost of all `S` slots. It returns a `sampler.SampleOutput` with
+end and returned in request order. Two bounds keep a decode step's cost near the work left:
+
+* cache width: a step attends over the state's whole cache, so the state is kept at the
+  smallest of a few widths (`cache_widths`: the longest prompt bucket `P` + `k * C`, up to
+  `P + T`) that leaves every live slot a free position; `generate` returns when a live slot
+  fills its cache, the host widens it (and narrows it once the longest live request is done).
+  A step reads about as many positions as the fullest live slot holds, as the static
+  sampler's segments do, not always `P + T`.
+* the tail: once the queue is empty, whenever at most half the slots are live, the live
+  requests move into a state of half as many slots (a power of two, down to `min_slots`), so
+  that the slowest requests no longer step all `S` slots.
+
+It returns a `sampler.SampleOutput` with
 the fields and semantics of `sampler.sample`: same checks (`sampler.check_requests`), stop ids
 and stop sequences (`sampler.stop_hits`), transform and token draw (`sampler.draw_tokens`),
 lengths including the stop token(s), pad past the length, behaviour log-probs under the
@@ -34,8 +44,8 @@ same sampled tokens for the same key, up to float rounding (a prefill padded to 
 attention over a cache of another length: the log-probs agree to about 1e-6, and a token
 differs only where two candidates are that close).
 
-Shapes are static per program: `S` slots, `cache_len` = the prompt bucket of the longest
-prompt + `max_new_tokens`, prefill batches of a power of two requests and prompts padded to a
+Shapes are static per program: slots (`S` and its halvings down to `min_slots`), cache
+widths (`cache_widths`, at most 8 + 1), prefill batches of a power of two requests and prompts padded to a
 bucket; the transform's `temperature` and `top_p` values, keys and stop tables are traced.
 The decode state is donated to `insert` and `generate` (updated in place where the backend
 allows it).
@@ -70,6 +80,7 @@ from agentic_grpo.models import transformer
 
 DEFAULT_SLOTS = 64
 DEFAULT_STEPS_PER_CALL = 32
+DEFAULT_MIN_SLOTS = 8
 
 
 class SlotState(NamedTuple):
@@ -130,13 +141,21 @@ class Stats(NamedTuple):
     prefill_tokens: prompt slots computed, padding included (batch and bucket padding).
     prefill_calls: `prefill` programs run.
     generate_calls: `generate` programs run (host round trips).
-    decode_steps: decode steps run (each over all `S` slots).
+    decode_steps: decode steps run (each over all the state's slots).
+    cache_reads: cache positions the decode steps attended over, summed over steps (slots
+      times cache width of each step; `decode_steps * slots * (P + T)` without the width
+      and tail bounds).
+    resizes: cache widenings and narrowings (`cache_widths`).
+    compactions: moves of the live requests into fewer slots (`min_slots`).
   """
   prompt_tokens: int
   prefill_tokens: int
   prefill_calls: int
   generate_calls: int
   decode_steps: int
+  cache_reads: int = 0
+  resizes: int = 0
+  compactions: int = 0
 
 
 def _transform(temperature, top_p, top_k, use_top_p, vocab_limit):
@@ -152,7 +171,8 @@ def init_slots(config: transformer.ModelConfig, slots: int, cache_len: int,
   Args:
     config: the model's `ModelConfig` (cache shapes and dtype).
     slots: `S`, the number of decode slots.
-    cache_len: cache positions per slot (longest prompt bucket + `max_new_tokens`).
+    cache_len: cache positions per slot (at most the longest prompt bucket +
+      `max_new_tokens`; `sample` starts at the first of `cache_widths`).
     max_new_tokens: `T`, the output width.
     stop_ids_width: `K` of the stop id tables.
     stop_seqs_shape: `(M, L)` of the stop sequence tables.
@@ -290,11 +310,16 @@ def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_f
   t_max = state.tokens.shape[1]
   done_before = jnp.sum(state.done)
 
+  width = state.cache.valid.shape[1]
+
   def cond(carry):
     k, st = carry
     finished = jnp.sum(st.done)
     refill = (min_finished > 0) & (finished > done_before) & (finished >= min_finished)
-    return (k < steps) & jnp.any(~st.done) & ~refill
+    # A live slot writes at its index: stop (for the host to widen the cache) once one has
+    # no room left.
+    room = jnp.all(st.done | (st.cache.index < width))
+    return (k < steps) & jnp.any(~st.done) & ~refill & room
 
   def body(carry):
     k, st = carry
@@ -334,7 +359,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
 
   Each step feeds every live slot its last token at its own position and draws the next
   (`sampler.draw_tokens` with the slot's key and step); a slot is done at a stop id, a stop
-  sequence, or `T` tokens.
+  sequence, or `T` tokens. The call also ends once a live slot has written the cache's last
+  position (`sample` then widens the cache).
 
   Args:
     graphdef, params: the policy.
@@ -376,6 +402,45 @@ _REFILL_JIT = jax.jit(_refill_impl, donate_argnames=("state",),
                                        "vocab_limit"))
 
 
+def _resize_impl(state: SlotState, *, width):
+  """The state with its cache cut or padded to `width` positions (one copy of the cache)."""
+  cache = state.cache
+  have = cache.valid.shape[1]
+  if width > have:
+    pad = transformer.extend_cache(cache, width - have)
+    return state._replace(cache=pad._replace(index=cache.index))
+  cut = lambda x: x[:, :, :width]  # noqa: E731
+  return state._replace(cache=cache._replace(
+      k=tuple(cut(x) for x in cache.k), v=tuple(cut(x) for x in cache.v),
+      valid=cache.valid[:, :width]))
+
+
+_RESIZE_JIT = jax.jit(_resize_impl, static_argnames=("width",))  # new shapes: no donation
+
+
+@jax.jit
+def _gather(state: SlotState, rows):
+  """The state of `len(rows)` slots: slot `i` is slot `rows[i]` of `state`."""
+  return jax.tree.map(lambda x: x[rows], state)
+
+
+def cache_widths(prompt_width: int, max_new_tokens: int, segments: int = 8) -> list[int]:
+  """The cache widths `sample` keeps its decode state at: `P + k * C` up to `P + T`
+  (`sampler.decode_segments`), `P` the longest prompt bucket.
+
+  A decode step attends over the state's whole cache; `sample` keeps it at the smallest of
+  these widths that leaves a free position to every live slot (widened as slots fill,
+  narrowed when the longest request finishes), so that a step reads about as many positions
+  as the fullest live slot holds, not always `P + T`.
+  """
+  return sampler.decode_segments(prompt_width, max_new_tokens, segments)
+
+
+def _width_for(widths: Sequence[int], index: np.ndarray, live: np.ndarray) -> int:
+  need = int(index[live].max()) + 1 if live.any() else 0
+  return next(w for w in widths if w >= need)
+
+
 def _positive_int(name: str, value) -> int:
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -399,6 +464,7 @@ def sample(
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
+    min_slots: int = DEFAULT_MIN_SLOTS,
 ) -> sampler.SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts with `slots` decode slots.
 
@@ -422,14 +488,15 @@ def sample(
   Raises:
     ValueError: as `sampler.sample` (bad shapes, prompt lengths outside `[1, P]`, prompt +
       new tokens past `max_seq_len`, a non-positive `max_new_tokens`, a bad `transform` or
-      stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call` or
-      `refill_batch` not a positive int.
+      stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call`,
+      `refill_batch` or `min_slots` not a positive int.
   """
   return sample_with_stats(
       graphdef, params, prompts, prompt_lengths, rng, max_new_tokens=max_new_tokens,
       transform=transform, greedy=greedy, stop_token_ids=stop_token_ids,
       stop_sequences=stop_sequences, pad_id=pad_id, prompt_buckets=prompt_buckets,
-      slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch)[0]
+      slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch,
+      min_slots=min_slots)[0]
 
 
 def sample_with_stats(
@@ -449,6 +516,7 @@ def sample_with_stats(
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
+    min_slots: int = DEFAULT_MIN_SLOTS,
 ) -> tuple[sampler.SampleOutput, Stats]:
   """`sample`, and the `Stats` of the work it did (prefill tokens, round trips, steps).
 
@@ -462,20 +530,24 @@ def sample_with_stats(
   req = sampler.check_requests(graphdef, params, prompts, prompt_lengths,
                                max_new_tokens=max_new_tokens, transform=transform,
                                stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
+  min_slots = _positive_int("min_slots", min_slots)
   t_max = int(max_new_tokens)
   n = req.prompts.shape[0]
   lengths = req.prompt_lengths
-  cache_len = sampler.prompt_bucket(int(lengths.max()), prompt_buckets) + t_max
+  widths = cache_widths(sampler.prompt_bucket(int(lengths.max()), prompt_buckets), t_max)
   run_transform = core_types.SamplingTransform(transform.temperature, transform.top_k,
                                                transform.top_p, req.vocab_limit)
   keys = jax.random.split(rng, n)
-  state = init_slots(req.config, s, cache_len, t_max, req.stop_ids.shape[1],
+  width = widths[0]
+  state = init_slots(req.config, s, width, t_max, req.stop_ids.shape[1],
                      req.stop_seqs.shape[1:], jax.random.split(rng, s))
   owner = np.full((s,), -1, np.int64)  # request each slot holds (or held, once done); -1 none
   done = np.ones((s,), bool)  # the host's view: free or finished slots
+  index = np.zeros((s,), np.int64)  # the host's view of each slot's next cache position
   queue = collections.deque(range(n))
   evictions = []  # (requests, their rows on the device), fetched once at the end
   prefill_tokens = prefill_calls = generate_calls = decode_steps = 0
+  cache_reads = resizes = compactions = 0
   temperature, top_p = jnp.float32(transform.temperature), jnp.float32(transform.top_p)
   static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
                 use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
@@ -487,9 +559,9 @@ def sample_with_stats(
       # slots take a refill of 16, then one of 1.
       b = 1 << (min(free.size, len(queue)).bit_length() - 1)
       rows = np.array([queue.popleft() for _ in range(b)])
-      width = sampler.prompt_bucket(int(lengths[rows].max()), prompt_buckets)
-      batch = np.full((b, width), pad_id, np.int32)
-      take = min(width, req.prompts.shape[1])
+      bucket = sampler.prompt_bucket(int(lengths[rows].max()), prompt_buckets)
+      batch = np.full((b, bucket), pad_id, np.int32)
+      take = min(bucket, req.prompts.shape[1])
       batch[:, :take] = req.prompts[rows, :take]
       target = free[:b].astype(np.int32)
       state, evicted = _REFILL_JIT(
@@ -499,18 +571,38 @@ def sample_with_stats(
       evictions.append((owner[target].copy(), evicted))
       owner[target] = rows
       done[target] = False
+      index[target] = lengths[rows]
       free = free[b:]
-      prefill_tokens += b * width
+      prefill_tokens += b * bucket
       prefill_calls += 1
     if not queue and done.all():
       break
-    min_finished = min(refill_batch, len(queue)) if queue else 0
+    live = ~done
+    if not queue and live.sum() <= s // 2 and s > min_slots:
+      # The tail: the live requests move into the first of fewer slots (the rest padded
+      # with a finished slot); the finished rows are handed back first.
+      evictions.append((np.where(done, owner, -1), _take(state, jnp.arange(s, dtype=jnp.int32))))
+      s = max(min_slots, 1 << (int(live.sum()) - 1).bit_length())
+      keep = np.concatenate([np.flatnonzero(live), np.flatnonzero(done)])[:s]
+      state = _gather(state, jnp.asarray(keep, jnp.int32))
+      owner, done, index = np.where(live[keep], owner[keep], -1), done[keep], index[keep]
+      live = ~done
+      compactions += 1
+    need = _width_for(widths, index, live)
+    if need != width:
+      state, width = _RESIZE_JIT(state, width=need), need
+      resizes += 1
+    if queue:
+      min_finished = min(refill_batch, len(queue))
+    else:  # return when the live requests fit in half the slots
+      min_finished = s - s // 2 if s > min_slots else 0
     state, k = generate(graphdef, params, state, transform=run_transform, greedy=greedy,
                         steps=steps_per_call, min_finished=min_finished)
-    done, k = jax.device_get((state.done, k))
-    done = np.array(done)
+    done, index, k = jax.device_get((state.done, state.cache.index, k))
+    done, index = np.array(done), np.array(index)
     generate_calls += 1
     decode_steps += int(k)
+    cache_reads += int(k) * s * width
   evictions.append((owner, _take(state, jnp.arange(s, dtype=jnp.int32))))
   out_tokens = np.full((n, t_max), pad_id, np.int32)
   out_lp = np.zeros((n, t_max), np.float32)
@@ -525,4 +617,5 @@ def sample_with_stats(
                              finish_reason=jnp.asarray(out_finish), logprobs=jnp.asarray(out_lp))
   return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
                     prefill_calls=prefill_calls, generate_calls=generate_calls,
-                    decode_steps=decode_steps)
+                    decode_steps=decode_steps, cache_reads=cache_reads, resizes=resizes,
+                    compactions=compactions)
