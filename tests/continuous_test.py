@@ -7,10 +7,13 @@ from absl.testing import parameterized
 import chex
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import continuous
+from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 
@@ -222,6 +225,57 @@ class ContinuousTest(parameterized.TestCase):
     self.assertEqual(continuous.cache_widths(16, 40), [24, 32, 40, 48, 56])
     self.assertEqual(continuous.cache_widths(64, 256)[-1], 320)
     self.assertEqual(continuous.cache_widths(16, 8), [24])
+
+
+class ShardedTest(parameterized.TestCase):
+  """On meshes of the 8 simulated CPU devices (conftest.py): the same results as one device."""
+
+  @parameterized.named_parameters(
+      ("greedy_data2_fsdp2_tensor2", True, (2, 2, 2)),
+      ("sampled_data4_tensor2", False, (4, 1, 2)),
+  )
+  def test_sharded_equals_one_device(self, greedy, shape):
+    graphdef, params = _model()
+    mesh = parallel.make_mesh(shape)
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    self.assertEqual(continuous.batch_ways(shardings), 4)
+    placed = placement.device_put_params(params, placement.shard_model(_CONFIG, mesh))
+    prompts, lengths = _prompts(seed=10, n=20)
+    t = 24  # cache widths 24, 32, 40: the state is widened as slots fill
+    free = np.asarray(sampler.sample(graphdef, params, prompts, lengths, jax.random.key(0),
+                                     max_new_tokens=t, greedy=True).tokens)
+    stop = sorted({int(free[i, j]) for i, j in ((0, 3), (1, 9), (2, 0))})
+    kwargs = dict(max_new_tokens=t, greedy=greedy, stop_token_ids=stop, slots=8,
+                  steps_per_call=4, min_slots=1,
+                  transform=core_types.SamplingTransform(temperature=1.0, top_p=0.95))
+    want, _ = continuous.sample_with_stats(graphdef, params, prompts, lengths,
+                                           jax.random.key(6), **kwargs)
+    got, stats = continuous.sample_with_stats(graphdef, placed, prompts, lengths,
+                                              jax.random.key(6), shardings=shardings, **kwargs)
+    _assert_same(want, got)
+    self.assertGreater(len(set(np.asarray(got.lengths).tolist())), 2)
+    # Refills, widenings and a move into fewer slots (8 -> 4: min_slots rounded up to the
+    # batch axes' size) all ran sharded.
+    self.assertGreaterEqual(stats.prefill_calls, 2)
+    self.assertGreaterEqual(stats.resizes, 1)
+    self.assertEqual(stats.compactions, 1)
+    for field in got:
+      self.assertTrue(field.sharding.is_equivalent_to(shardings.rows(20), field.ndim))
+    state = continuous.state_shardings(shardings, 8, 32)
+    kv = "tensor"  # 2 kv heads over a tensor axis of 2
+    self.assertEqual(state.cache.k[0].spec, P(("data", "fsdp"), kv, None, None))
+    self.assertEqual(state.cache.index.spec, P(("data", "fsdp")))
+    self.assertEqual(state.tokens.spec, P(("data", "fsdp")))
+
+  def test_slots_must_divide_over_the_batch_axes(self):
+    graphdef, params = _model()
+    mesh = parallel.make_mesh((2, 2, 2))
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    placed = placement.device_put_params(params, placement.shard_model(_CONFIG, mesh))
+    prompts, lengths = _prompts()
+    with self.assertRaisesRegex(ValueError, r"slots \(6\) must be a multiple of .* 4"):
+      continuous.sample(graphdef, placed, prompts, lengths, jax.random.key(0),
+                        max_new_tokens=_T, slots=6, shardings=shardings)
 
 
 class PerRowCacheIndexTest(absltest.TestCase):

@@ -50,9 +50,18 @@ bucket; the transform's `temperature` and `top_p` values, keys and stop tables a
 The decode state is donated to `insert` and `generate` (updated in place where the backend
 allows it).
 
-Single device for now: the sharded path of the static sampler (`sampler.Shardings`: slots over
-the batch axes, the cache by `placement.kv_cache_shardings`) is the next step; `sample` here
-takes no shardings.
+Sharded decoding. With `shardings` (a `sampler.Shardings`, `sampler.sampler_shardings`) every
+program is jitted with explicit `in_shardings`/`out_shardings` (`_sharded_*`, cached per
+shape): parameters as placed by `shardings.params`; the decode state's slots split over the
+mesh's batch axes (`state_shardings`: every field by slots, the cache as `shardings.cache`
+places it, key/value heads over `tensor` where they divide, its per-slot `index` like the
+slots), so slot counts are multiples of the batch axes' size (`batch_ways`; the tail's
+halvings and `min_slots` are rounded up to one); a prefill's `[B, P]` cache and each decode
+step's cache are also constrained inside the program with `jax.lax.with_sharding_constraint`,
+as in the static sampler; host values are placed with `shardings.put_rows` (0-d ones
+replicated). The tokens, lengths and finish reasons are those of one device, the log-probs
+agree up to float rounding. Single process only: the host loop needs every request (a
+multi-process run would first gather every process's requests).
 
 Reused conversation prefixes (design, not built here). Stage k+1 of an episode extends stage
 k's conversation; its prefill could start from stage k's cache rows instead of position 0.
@@ -67,13 +76,15 @@ least-recently-used under a memory budget.
 """
 
 import collections
-from typing import NamedTuple, Optional, Sequence, Union
+import functools
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
@@ -198,16 +209,25 @@ def init_slots(config: transformer.ModelConfig, slots: int, cache_len: int,
       stop_seqs=jnp.full((slots, m, length), -1, jnp.int32))
 
 
+def _constrain(cache, shardings):
+  return cache if shardings is None else jax.lax.with_sharding_constraint(cache, shardings)
+
+
 def _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, top_p,
-                  stop_ids, stop_seqs, *, top_k, greedy, use_top_p, vocab_limit):
+                  stop_ids, stop_seqs, *, top_k, greedy, use_top_p, vocab_limit,
+                  cache_shardings=None):
+  """`cache_shardings`: None, or `(n, slots) -> KVCache` of shardings (`sampler.Shardings`)
+  that the prefill cache is constrained to."""
   config = nnx.merge(graphdef, params).config
   b, p = prompts.shape
   transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
-  cache = transformer.init_cache(config, b, p)
+  place = None if cache_shardings is None else cache_shardings(b, p)
+  cache = _constrain(transformer.init_cache(config, b, p), place)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   logits, cache = transformer.apply(graphdef, params, prompts, positions, cache,
                                     positions < prompt_lengths[:, None],
                                     logits_at=prompt_lengths - 1)
+  cache = _constrain(cache, place)
   tok, lp = sampler.draw_tokens(logits[:, 0], transform, keys, 0, greedy)
   window = jnp.full((b, stop_seqs.shape[-1]), -2, jnp.int32).at[:, -1].set(tok)
   hit = sampler.stop_hits(tok, window, stop_ids, stop_seqs)
@@ -305,7 +325,9 @@ def insert(state: SlotState, prefix: Prefix, slots: jax.Array, prompt_lengths: j
 
 
 def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_finished,
-                   *, steps, top_k, greedy, use_top_p, vocab_limit):
+                   *, steps, top_k, greedy, use_top_p, vocab_limit, cache_sharding=None):
+  """`cache_sharding`: None, or the `KVCache` of shardings of the state's cache that each
+  step's cache is constrained to."""
   transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
   t_max = state.tokens.shape[1]
   done_before = jnp.sum(state.done)
@@ -329,6 +351,7 @@ def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_f
     logits, cache = transformer.apply(graphdef, params, st.last[:, None], pos, st.cache)
     # A done (or empty) slot keeps its index: it rewrites one slot past its content.
     cache = cache._replace(index=jnp.where(live, cache.index, st.cache.index))
+    cache = _constrain(cache, cache_sharding)
     tok, lp = sampler.draw_tokens(logits[:, 0], transform, st.keys, st.steps, greedy)
     at = (jnp.arange(t_max)[None] == st.steps[:, None]) & live[:, None]
     window = jnp.where(live[:, None], jnp.concatenate([st.window[:, 1:], tok[:, None]], 1),
@@ -380,19 +403,22 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
                        use_top_p=bool(transform.uses_top_p), vocab_limit=transform.vocab_limit)
 
 
-@jax.jit
-def _take(state: SlotState, slots):
+def _take_impl(state: SlotState, slots):
   return state.tokens[slots], state.logprobs[slots], state.steps[slots], state.finish[slots]
 
 
+_take = jax.jit(_take_impl)
+
+
 def _refill_impl(graphdef, params, state, prompts, prompt_lengths, keys, stop_ids, stop_seqs,
-                 slots, temperature, top_p, pad_id, *, top_k, greedy, use_top_p, vocab_limit):
+                 slots, temperature, top_p, pad_id, *, top_k, greedy, use_top_p, vocab_limit,
+                 cache_shardings=None):
   """`prefill` + `insert` in one program; also returns the slots' rows before the insert
   (the finished requests they held: `_take`)."""
   evicted = _take(state, jnp.minimum(slots, state.done.shape[0] - 1))
   prefix = _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, top_p,
                          stop_ids, stop_seqs, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
-                         vocab_limit=vocab_limit)
+                         vocab_limit=vocab_limit, cache_shardings=cache_shardings)
   state = _insert_impl(state, prefix, slots, prompt_lengths, keys, stop_ids, stop_seqs, pad_id)
   return state, evicted
 
@@ -418,10 +444,154 @@ def _resize_impl(state: SlotState, *, width):
 _RESIZE_JIT = jax.jit(_resize_impl, static_argnames=("width",))  # new shapes: no donation
 
 
-@jax.jit
-def _gather(state: SlotState, rows):
+def _gather_impl(state: SlotState, rows):
   """The state of `len(rows)` slots: slot `i` is slot `rows[i]` of `state`."""
   return jax.tree.map(lambda x: x[rows], state)
+
+
+_gather = jax.jit(_gather_impl)
+
+
+# The sharded path: the same program bodies, jitted with explicit in/out shardings.
+
+
+def _replicated(shardings: sampler.Shardings) -> jax.sharding.NamedSharding:
+  return jax.sharding.NamedSharding(shardings.rows(1).mesh, jax.sharding.PartitionSpec())
+
+
+def batch_ways(shardings: sampler.Shardings) -> int:
+  """How many ways `shardings` splits rows: the size of the mesh's batch axes."""
+  mesh = shardings.rows(1).mesh
+  spec = shardings.rows(int(mesh.devices.size)).spec  # every batch axis divides the mesh size
+  axes = spec[0] if len(spec) else None
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def state_shardings(shardings: sampler.Shardings, slots: int, cache_len: int) -> SlotState:
+  """The `SlotState` of `Sharding`s of `slots` slots of `cache_len` positions: every field
+  split by slots over the batch axes (`shardings.rows`), the cache as `shardings.cache`
+  places a cache of `slots` rows (key/value heads over `tensor` where they divide) with its
+  per-slot `index` split like the slots."""
+  rows = shardings.rows(slots)
+  cache = shardings.cache(slots, cache_len)._replace(index=rows)
+  return SlotState(cache, *([rows] * (len(SlotState._fields) - 1)))
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_init(config, shardings, slots, cache_len, max_new_tokens, stop_ids_width,
+                  stop_seqs_shape):
+  fn = functools.partial(init_slots, config, slots, cache_len, max_new_tokens, stop_ids_width,
+                         stop_seqs_shape)
+  return jax.jit(fn, in_shardings=(shardings.rows(slots),),
+                 out_shardings=state_shardings(shardings, slots, cache_len))
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_refill(graphdef, shardings, slots, cache_len, b, top_k, greedy, use_top_p,
+                    vocab_limit):
+  state = state_shardings(shardings, slots, cache_len)
+  rows, rep = shardings.rows(b), _replicated(shardings)
+  fn = functools.partial(_refill_impl, graphdef, top_k=top_k, greedy=greedy,
+                         use_top_p=use_top_p, vocab_limit=vocab_limit,
+                         cache_shardings=shardings.cache)
+  return jax.jit(fn, in_shardings=(shardings.params, state) + (rows,) * 6 + (rep,) * 3,
+                 out_shardings=(state, (rows,) * 4), donate_argnums=1)
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_generate(graphdef, shardings, slots, cache_len, steps, top_k, greedy, use_top_p,
+                      vocab_limit):
+  state = state_shardings(shardings, slots, cache_len)
+  rep = _replicated(shardings)
+  fn = functools.partial(_generate_impl, graphdef, steps=steps, top_k=top_k, greedy=greedy,
+                         use_top_p=use_top_p, vocab_limit=vocab_limit,
+                         cache_sharding=state.cache)
+  return jax.jit(fn, in_shardings=(shardings.params, state, rep, rep, rep),
+                 out_shardings=(state, rep), donate_argnums=1)
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_resize(shardings, slots, have, width):
+  return jax.jit(functools.partial(_resize_impl, width=width),
+                 in_shardings=(state_shardings(shardings, slots, have),),
+                 out_shardings=state_shardings(shardings, slots, width))
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_gather(shardings, slots, cache_len, new_slots):
+  return jax.jit(_gather_impl, in_shardings=(state_shardings(shardings, slots, cache_len),
+                                             _replicated(shardings)),
+                 out_shardings=state_shardings(shardings, new_slots, cache_len))
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded_take(shardings, slots, cache_len, k):
+  return jax.jit(_take_impl, in_shardings=(state_shardings(shardings, slots, cache_len),
+                                           _replicated(shardings)),
+                 out_shardings=(shardings.rows(k),) * 4)
+
+
+class _Programs(NamedTuple):
+  """The programs of one `sample_with_stats` call, by state shape, and how host values
+  reach them: one device (the module's jits, following the arguments' placement), or a mesh
+  (`_sharded_*`, every argument placed as the program's in_shardings say)."""
+  init: Callable  # (slots, cache_len, keys) -> SlotState
+  refill: Callable  # (params, state, slots, cache_len, *args) -> (state, evicted)
+  generate: Callable  # (params, state, slots, cache_len, *args) -> (state, steps_run)
+  resize: Callable  # (state, slots, have, width) -> state
+  gather: Callable  # (state, slots, cache_len, rows) -> state
+  take: Callable  # (state, slots, cache_len, rows) -> evicted
+  rows: Callable  # pytree of [n, ...] host rows (and `keys`: [n] device keys) -> arguments
+  scalar: Callable  # a host scalar -> argument
+
+
+def _programs(graphdef, config, shardings, t_max, stop_ids_width, stop_seqs_shape, steps,
+              static) -> _Programs:
+  if shardings is None:
+    return _Programs(
+        init=lambda s, w, keys: init_slots(config, s, w, t_max, stop_ids_width,
+                                           stop_seqs_shape, keys),
+        refill=lambda params, state, s, w, *args: _REFILL_JIT(graphdef, params, state, *args,
+                                                              **static),
+        generate=lambda params, state, s, w, *args: _GENERATE_JIT(
+            graphdef, params, state, *args, steps=steps, **static),
+        resize=lambda state, s, have, width: _RESIZE_JIT(state, width=width),
+        gather=lambda state, s, w, rows: _gather(state, jnp.asarray(rows, jnp.int32)),
+        take=lambda state, s, w, rows: _take(state, jnp.asarray(rows, jnp.int32)),
+        rows=lambda tree: tree, scalar=lambda x: x)
+  rep = _replicated(shardings)
+
+  def rows(tree):
+    keys = tree.pop("keys", None)
+    out = shardings.put_rows(tree)
+    if keys is not None:
+      out["keys"] = jax.device_put(keys, shardings.rows(int(keys.shape[0])))
+    return out
+
+  def scalar(x):
+    return jax.device_put(x, rep)
+
+  def index(x):
+    return scalar(np.asarray(x, np.int32))
+
+  def refill(params, state, s, w, prompts, *args):
+    fn = _sharded_refill(graphdef, shardings, s, w, int(prompts.shape[0]), **static)
+    return fn(params, state, prompts, *args)
+
+  return _Programs(
+      init=lambda s, w, keys: _sharded_init(config, shardings, s, w, t_max, stop_ids_width,
+                                            stop_seqs_shape)(
+          jax.device_put(keys, shardings.rows(s))),
+      refill=refill,
+      generate=lambda params, state, s, w, *args: _sharded_generate(
+          graphdef, shardings, s, w, steps, **static)(params, state, *args),
+      resize=lambda state, s, have, width: _sharded_resize(shardings, s, have, width)(state),
+      gather=lambda state, s, w, keep: _sharded_gather(shardings, s, w, len(keep))(
+          state, index(keep)),
+      take=lambda state, s, w, idx: _sharded_take(shardings, s, w, len(idx))(
+          state, index(idx)),
+      rows=rows, scalar=scalar)
 
 
 def cache_widths(prompt_width: int, max_new_tokens: int, segments: int = 8) -> list[int]:
@@ -465,11 +635,11 @@ def sample(
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
     min_slots: int = DEFAULT_MIN_SLOTS,
+    shardings: Optional[sampler.Shardings] = None,
 ) -> sampler.SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts with `slots` decode slots.
 
-  The arguments and the result are those of `sampler.sample` (single device: no
-  `shardings`), plus:
+  The arguments and the result are those of `sampler.sample`, plus:
 
   Args:
     slots: `S`, requests decoded at once; a finished request's slot goes to the next
@@ -479,24 +649,32 @@ def sample(
     refill_batch: while requests wait, decoding returns to the host to refill once this many
       slots are free (or as many as requests wait), so that refills and their prefills come
       in batches; None: `max(1, slots // 16)`. The tokens do not depend on it.
+    min_slots: the fewest slots the tail moves its live requests into.
+    shardings: run on a mesh (`sampler.sampler_shardings`; see the module docstring):
+      `params` must already be placed with `shardings.params`; the decode slots are split
+      over the mesh's batch axes, so `slots` must be a multiple of their size
+      (`batch_ways`), and the tail's slot counts are rounded up to one (`min_slots` too).
+      Single process only: `prompts` are every request. None: one device.
 
   Returns:
     `sampler.SampleOutput` in request order: `[N, max_new_tokens]` int32 tokens (`pad_id`
     past `lengths`) and float32 behaviour log-probs (0 past `lengths`), `[N]` int32 lengths
-    (stop tokens included) and finish reasons.
+    (stop tokens included) and finish reasons; with `shardings`, placed with
+    `shardings.rows(N)`.
 
   Raises:
     ValueError: as `sampler.sample` (bad shapes, prompt lengths outside `[1, P]`, prompt +
       new tokens past `max_seq_len`, a non-positive `max_new_tokens`, a bad `transform` or
       stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call`,
-      `refill_batch` or `min_slots` not a positive int.
+      `refill_batch` or `min_slots` not a positive int; with `shardings`, `slots` not a
+      multiple of the batch axes' size, or more than one process.
   """
   return sample_with_stats(
       graphdef, params, prompts, prompt_lengths, rng, max_new_tokens=max_new_tokens,
       transform=transform, greedy=greedy, stop_token_ids=stop_token_ids,
       stop_sequences=stop_sequences, pad_id=pad_id, prompt_buckets=prompt_buckets,
       slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch,
-      min_slots=min_slots)[0]
+      min_slots=min_slots, shardings=shardings)[0]
 
 
 def sample_with_stats(
@@ -517,6 +695,7 @@ def sample_with_stats(
     steps_per_call: int = DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
     min_slots: int = DEFAULT_MIN_SLOTS,
+    shardings: Optional[sampler.Shardings] = None,
 ) -> tuple[sampler.SampleOutput, Stats]:
   """`sample`, and the `Stats` of the work it did (prefill tokens, round trips, steps).
 
@@ -531,6 +710,16 @@ def sample_with_stats(
                                max_new_tokens=max_new_tokens, transform=transform,
                                stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
   min_slots = _positive_int("min_slots", min_slots)
+  ways = 1
+  if shardings is not None:
+    if parallel.process_count() > 1:
+      raise ValueError("continuous.sample with shardings runs in a single process only (it "
+                       "needs every process's requests)")
+    ways = batch_ways(shardings)
+    if s % ways:
+      raise ValueError(f"slots ({s}) must be a multiple of the batch mesh axes' size {ways} "
+                       "(the slots are split over them)")
+  floor = -(-min_slots // ways) * ways  # the fewest slots of the tail, a multiple of `ways`
   t_max = int(max_new_tokens)
   n = req.prompts.shape[0]
   lengths = req.prompt_lengths
@@ -539,8 +728,11 @@ def sample_with_stats(
                                                transform.top_p, req.vocab_limit)
   keys = jax.random.split(rng, n)
   width = widths[0]
-  state = init_slots(req.config, s, width, t_max, req.stop_ids.shape[1],
-                     req.stop_seqs.shape[1:], jax.random.split(rng, s))
+  static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
+                use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
+  run = _programs(graphdef, req.config, shardings, t_max, req.stop_ids.shape[1],
+                  req.stop_seqs.shape[1:], steps_per_call, static)
+  state = run.init(s, width, jax.random.split(rng, s))
   owner = np.full((s,), -1, np.int64)  # request each slot holds (or held, once done); -1 none
   done = np.ones((s,), bool)  # the host's view: free or finished slots
   index = np.zeros((s,), np.int64)  # the host's view of each slot's next cache position
@@ -548,9 +740,9 @@ def sample_with_stats(
   evictions = []  # (requests, their rows on the device), fetched once at the end
   prefill_tokens = prefill_calls = generate_calls = decode_steps = 0
   cache_reads = resizes = compactions = 0
-  temperature, top_p = jnp.float32(transform.temperature), jnp.float32(transform.top_p)
-  static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
-                use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
+  temperature, top_p, pad = (run.scalar(np.float32(transform.temperature)),
+                             run.scalar(np.float32(transform.top_p)),
+                             run.scalar(np.int32(pad_id)))
 
   while True:
     free = np.flatnonzero(done)
@@ -564,10 +756,12 @@ def sample_with_stats(
       take = min(bucket, req.prompts.shape[1])
       batch[:, :take] = req.prompts[rows, :take]
       target = free[:b].astype(np.int32)
-      state, evicted = _REFILL_JIT(
-          graphdef, params, state, batch, lengths[rows], keys[jnp.asarray(rows)],
-          req.stop_ids[rows], req.stop_seqs[rows], target, temperature, top_p,
-          np.int32(pad_id), **static)
+      args = run.rows({"prompts": batch, "lengths": lengths[rows],
+                       "keys": keys[jnp.asarray(rows)], "stop_ids": req.stop_ids[rows],
+                       "stop_seqs": req.stop_seqs[rows], "slots": target})
+      state, evicted = run.refill(
+          params, state, s, width, args["prompts"], args["lengths"], args["keys"],
+          args["stop_ids"], args["stop_seqs"], args["slots"], temperature, top_p, pad)
       evictions.append((owner[target].copy(), evicted))
       owner[target] = rows
       done[target] = False
@@ -578,32 +772,33 @@ def sample_with_stats(
     if not queue and done.all():
       break
     live = ~done
-    if not queue and live.sum() <= s // 2 and s > min_slots:
+    if not queue and live.sum() <= s // 2 and s > floor:
       # The tail: the live requests move into the first of fewer slots (the rest padded
       # with a finished slot); the finished rows are handed back first.
-      evictions.append((np.where(done, owner, -1), _take(state, jnp.arange(s, dtype=jnp.int32))))
-      s = max(min_slots, 1 << (int(live.sum()) - 1).bit_length())
-      keep = np.concatenate([np.flatnonzero(live), np.flatnonzero(done)])[:s]
-      state = _gather(state, jnp.asarray(keep, jnp.int32))
+      evictions.append((np.where(done, owner, -1), run.take(state, s, width, np.arange(s))))
+      fewer = -(-(1 << (int(live.sum()) - 1).bit_length()) // ways) * ways
+      keep = np.concatenate([np.flatnonzero(live), np.flatnonzero(done)])[:max(floor, fewer)]
+      state = run.gather(state, s, width, keep)
+      s = keep.size
       owner, done, index = np.where(live[keep], owner[keep], -1), done[keep], index[keep]
       live = ~done
       compactions += 1
     need = _width_for(widths, index, live)
     if need != width:
-      state, width = _RESIZE_JIT(state, width=need), need
+      state, width = run.resize(state, s, width, need), need
       resizes += 1
     if queue:
       min_finished = min(refill_batch, len(queue))
     else:  # return when the live requests fit in half the slots
-      min_finished = s - s // 2 if s > min_slots else 0
-    state, k = generate(graphdef, params, state, transform=run_transform, greedy=greedy,
-                        steps=steps_per_call, min_finished=min_finished)
+      min_finished = s - s // 2 if s > floor else 0
+    state, k = run.generate(params, state, s, width, temperature, top_p,
+                            run.scalar(np.int32(min_finished)))
     done, index, k = jax.device_get((state.done, state.cache.index, k))
     done, index = np.array(done), np.array(index)
     generate_calls += 1
     decode_steps += int(k)
     cache_reads += int(k) * s * width
-  evictions.append((owner, _take(state, jnp.arange(s, dtype=jnp.int32))))
+  evictions.append((owner, run.take(state, s, width, np.arange(s))))
   out_tokens = np.full((n, t_max), pad_id, np.int32)
   out_lp = np.zeros((n, t_max), np.float32)
   out_len = np.zeros((n,), np.int32)
@@ -613,8 +808,9 @@ def sample_with_stats(
     r = requests[held]
     out_tokens[r], out_lp[r], out_len[r], out_finish[r] = (tok[held], lp[held], length[held],
                                                            finish[held])
-  out = sampler.SampleOutput(tokens=jnp.asarray(out_tokens), lengths=jnp.asarray(out_len),
-                             finish_reason=jnp.asarray(out_finish), logprobs=jnp.asarray(out_lp))
+  out = sampler.SampleOutput(tokens=out_tokens, lengths=out_len, finish_reason=out_finish,
+                             logprobs=out_lp)
+  out = jax.tree.map(jnp.asarray, out) if shardings is None else shardings.put_rows(out)
   return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
                     prefill_calls=prefill_calls, generate_calls=generate_calls,
                     decode_steps=decode_steps, cache_reads=cache_reads, resizes=resizes,
