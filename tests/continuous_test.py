@@ -1,6 +1,5 @@
 """Tests for agentic_grpo.models.continuous (continuous batching against the static sampler)."""
 
-import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -16,20 +15,12 @@ from agentic_grpo.models import continuous
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
+from tests.fixtures import sampling_model
 
-_CONFIG = transformer.ModelConfig(
-    vocab_size=37, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48,
-    qkv_bias=True, max_seq_len=64)
+_CONFIG = sampling_model.CONFIG
 _N, _P, _T = 10, 12, 8
 
-
-@functools.lru_cache(maxsize=None)
-def _model():
-  graphdef, params = transformer.init_model(_CONFIG, jax.random.key(0))
-  # Larger weights than at init so that distributions are far from uniform.
-  rng = np.random.RandomState(1)
-  params = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), params)
-  return graphdef, params
+_model = sampling_model.model
 
 
 def _prompts(seed=0, n=_N):

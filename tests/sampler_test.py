@@ -1,6 +1,5 @@
 """Tests for agentic_grpo.models.sampler."""
 
-import functools
 from unittest import mock
 
 from absl.testing import absltest
@@ -14,20 +13,12 @@ from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
+from tests.fixtures import sampling_model
 
-_CONFIG = transformer.ModelConfig(
-    vocab_size=37, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48,
-    qkv_bias=True, max_seq_len=64)
+_CONFIG = sampling_model.CONFIG
 _N, _P, _T = 4, 12, 8
 
-
-@functools.lru_cache(maxsize=None)
-def _model():
-  graphdef, params = transformer.init_model(_CONFIG, jax.random.key(0))
-  # Larger weights than at init so that distributions are far from uniform.
-  rng = np.random.RandomState(1)
-  params = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), params)
-  return graphdef, params
+_model = sampling_model.model
 
 
 def _prompts(seed=0, lengths=(12, 3, 7, 1)):
