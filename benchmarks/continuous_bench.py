@@ -18,11 +18,29 @@ included). Compilation is excluded (a first run of each side on the same workloa
 runs alternate sides and the median is reported. Prefill tokens: the prompt slots each side
 computes (its padding included) against the prompts' real tokens.
 
+Conversations (`--workload=conversations`, `run_conversations`): episodes of 4 stages whose
+context grows, each stage's prompt the previous prompt + the previous completion + a new
+opening of `--opening_min`..`--opening_max` random tokens (a tool result, a user turn);
+completion lengths drawn per stage as above and made to stop there the same way (the stop
+sequences come from a run without stops of each stage's prompts, done once beforehand, so both
+sides see the same conversations). Each side runs the 4 stages in turn, one
+`continuous.sample` call per stage over all episodes with `batch` slots:
+
+* re-prefill: `reuse_prefix='never'`, every stage's prompt prefilled whole;
+* reuse: each stage's conversations saved (`save_keys=(episode, stage)`) into a fresh
+  `prefix_cache.PrefixCache` of `--budget_mib` and the next stage started from them
+  (`prefix_keys=(episode, stage - 1)`, `reuse_prefix='same_version'`).
+
+Reported: useful tokens/s over the 4 stages, and prefill tokens per episode (prompt slots
+computed, padding included; the real prompt tokens; the tokens taken from saved rows).
+
 Usage:
   python -m benchmarks.continuous_bench --batches=64,256 --requests_per_slot=4
-  python -m benchmarks.run --only continuous [--quick]
+  python -m benchmarks.continuous_bench --workload=conversations --batches=16,64
+  python -m benchmarks.run --only continuous,continuous_prefix [--quick]
 """
 
+import collections
 import statistics
 import time
 
@@ -32,6 +50,7 @@ import jax
 import numpy as np
 
 from agentic_grpo.models import continuous
+from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import report
@@ -133,8 +152,145 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
       rows=rows, summary=summary, load_before=load_before)
 
 
+STAGES = 4
+
+
+def conversations(episodes: int, new_tokens: int, prompt_min: int, prompt_max: int,
+                  opening_min: int, opening_max: int, sigma: float, free_run, seed: int = 0):
+  """The `STAGES` stages of `episodes` conversations.
+
+  Args:
+    free_run: `(prompts [n, W], lengths [n]) -> [n, new_tokens]` greedy completions without
+      stops.
+
+  Returns:
+    per stage `(prompts [episodes, W_k] int32, lengths [episodes] int32, stops)`, `stops` each
+    episode's one stop sequence: its completion's first drawn-length tokens.
+  """
+  rng = np.random.RandomState(seed)
+  prompts, lengths, _ = workload(episodes, new_tokens, prompt_min, prompt_max, sigma, seed)
+  stages = []
+  for _ in range(STAGES):
+    drawn = np.exp(np.log(new_tokens / 8) + sigma * rng.standard_normal(episodes))
+    drawn = np.clip(np.round(drawn), 1, new_tokens).astype(np.int32)
+    free = np.asarray(free_run(prompts, lengths))
+    stops = [[free[e, :drawn[e]].tolist()] for e in range(episodes)]
+    stages.append((prompts, lengths, stops))
+    conv = [np.concatenate([prompts[e, :lengths[e]], free[e, :drawn[e]],
+                            rng.randint(3, 256, rng.randint(opening_min, opening_max + 1))])
+            for e in range(episodes)]
+    lengths = np.array([c.size for c in conv], np.int32)
+    prompts = np.zeros((episodes, int(lengths.max())), np.int32)
+    for e, c in enumerate(conv):
+      prompts[e, :c.size] = c
+  return stages
+
+
+def _episodes(graphdef, params, stages, batch, new_tokens, budget, reuse):
+  """Runs the stages in turn: (completion lengths per stage, summed `continuous.Stats`
+  fields)."""
+  pool = prefix_cache.PrefixCache(budget) if reuse else None
+  out_lengths, totals = [], collections.Counter()
+  for k, (prompts, lengths, stops) in enumerate(stages):
+    n = prompts.shape[0]
+    extra = {}
+    if reuse:
+      extra = dict(reuse_prefix="same_version", prefix_pool=pool,
+                   save_keys=[(e, k) for e in range(n)] if k + 1 < len(stages) else None,
+                   prefix_keys=[(e, k - 1) for e in range(n)] if k else None)
+    out, stats = continuous.sample_with_stats(
+        graphdef, params, prompts, lengths, jax.random.key(0), max_new_tokens=new_tokens,
+        greedy=True, stop_sequences=stops, slots=batch, **extra)
+    out_lengths.append(np.asarray(jax.block_until_ready(out.lengths)))
+    totals.update({f: getattr(stats, f) for f in ("prompt_tokens", "prefill_tokens",
+                                                  "reused_tokens", "prefix_hits",
+                                                  "prefix_misses", "prefix_mismatches")})
+  return out_lengths, totals
+
+
+def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slot: int = 4,
+                      new_tokens: int = 128, prompt_min: int = 16, prompt_max: int = 64,
+                      opening_min: int = 8, opening_max: int = 24, sigma: float = 1.0,
+                      budget_mib: int = 256, repeats: int = 3) -> dict:
+  """The conversation workload (module docstring): measures, prints the table, appends the
+  results line (`continuous_prefix`); returns it.
+
+  Args:
+    quick: batch 8, 32 new tokens, one repeat.
+    batches: continuous slots.
+    episodes_per_slot: episodes = `episodes_per_slot * batch`.
+    new_tokens: `max_new_tokens` of every stage.
+    prompt_min, prompt_max: first-stage prompt lengths, uniform.
+    opening_min, opening_max: new tokens per later stage, uniform.
+    sigma: log-normal sigma of the completion lengths.
+    budget_mib: the prefix pool's budget.
+    repeats: timed runs per side (median).
+  """
+  load_before = report.load_average()
+  if quick:
+    batches, new_tokens, repeats = (8,), 32, 1
+  # The conversations outgrow the preset's 512 positions; a random model has no trained range.
+  config = transformer.get_model_config("tiny", max_seq_len=4096)
+  graphdef, params = transformer.init_model(config, jax.random.key(0))
+  budget = budget_mib << 20
+  rows, summary = [], {}
+  for batch in batches:
+    episodes = episodes_per_slot * batch
+
+    def free_run(prompts, lengths, batch=batch):
+      return continuous.sample(graphdef, params, prompts, lengths, jax.random.key(0),
+                               max_new_tokens=new_tokens, greedy=True, slots=batch).tokens
+
+    stages = conversations(episodes, new_tokens, prompt_min, prompt_max, opening_min,
+                           opening_max, sigma, free_run)
+    sides = {"re-prefill": False, "reuse": True}
+    timings = {name: [] for name in sides}
+    results = {}
+    for name, reuse in sides.items():  # warm-up: compilation
+      _episodes(graphdef, params, stages, batch, new_tokens, budget, reuse)
+    for r in range(repeats):
+      for name in (tuple(sides) if r % 2 == 0 else tuple(sides)[::-1]):
+        start = time.perf_counter()
+        results[name] = _episodes(graphdef, params, stages, batch, new_tokens, budget,
+                                  sides[name])
+        timings[name].append(time.perf_counter() - start)
+    wall = {name: statistics.median(t) for name, t in timings.items()}
+    useful = {name: int(sum(x.sum() for x in results[name][0])) for name in sides}
+    per_episode = {name: results[name][1]["prefill_tokens"] / episodes for name in sides}
+    prefill_ratio = per_episode["reuse"] / per_episode["re-prefill"]
+    speed_ratio = (useful["reuse"] / wall["reuse"]) / (useful["re-prefill"] / wall["re-prefill"])
+    for name in sides:
+      totals = results[name][1]
+      rows.append([batch, episodes, new_tokens, name, useful[name], f"{wall[name]:.2f}",
+                   f"{useful[name] / wall[name]:.0f}", f"{per_episode[name]:.1f}",
+                   f"{totals['prompt_tokens'] / episodes:.1f}",
+                   f"{totals['reused_tokens'] / episodes:.1f}",
+                   f"{totals['prefix_hits']}/{totals['prefix_misses']}/"
+                   f"{totals['prefix_mismatches']}",
+                   f"{prefill_ratio:.1%} / {speed_ratio:.2f}x" if name == "reuse" else ""])
+    summary[f"prefill_ratio_batch{batch}"] = round(prefill_ratio, 3)
+    summary[f"speed_ratio_batch{batch}"] = round(speed_ratio, 3)
+  return report.record(
+      "continuous_prefix",
+      settings={"model": "tiny preset (max_seq_len 4096), random, float32",
+                "batches": list(batches), "episodes_per_slot": episodes_per_slot, "stages": STAGES,
+                "new_tokens": new_tokens, "prompt_lengths": [prompt_min, prompt_max],
+                "opening_lengths": [opening_min, opening_max], "sigma": sigma,
+                "budget_mib": budget_mib, "repeats": repeats, "quick": quick, "greedy": True},
+      header=["slots", "episodes", "max new", "side", "useful tokens", "wall s",
+              "useful tokens/s", "prefill tokens / episode", "prompt tokens / episode",
+              "reused tokens / episode", "prefix hits/misses/mismatches",
+              "reuse / re-prefill: prefill tokens, useful tokens/s"],
+      rows=rows, summary=summary, load_before=load_before)
+
+
 def main(argv):
   del argv
+  if _WORKLOAD.value == "conversations":
+    run_conversations(_QUICK.value, batches=tuple(int(b) for b in _BATCHES.value),
+                      episodes_per_slot=_PER_SLOT.value, new_tokens=_NEW_TOKENS.value,
+                      repeats=_REPEATS.value)
+    return
   run(_QUICK.value, batches=tuple(int(b) for b in _BATCHES.value),
       requests_per_slot=_PER_SLOT.value, new_tokens=_NEW_TOKENS.value, repeats=_REPEATS.value)
 
@@ -142,8 +298,10 @@ def main(argv):
 if __name__ == "__main__":
   # Flags only when run as a program: `benchmarks.run` imports this module and has its own.
   _BATCHES = flags.DEFINE_list("batches", ["64", "256"], "Static batch sizes = slots.")
-  _PER_SLOT = flags.DEFINE_integer("requests_per_slot", 4, "Requests per run per slot.")
+  _PER_SLOT = flags.DEFINE_integer("requests_per_slot", 4, "Requests (conversations: episodes) per run per slot.")
   _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "max_new_tokens.")
   _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per side (median).")
   _QUICK = flags.DEFINE_bool("quick", False, "Small shapes, one repeat.")
+  _WORKLOAD = flags.DEFINE_enum("workload", "long_tail", ["long_tail", "conversations"],
+                                "One request per prompt, or 4-stage conversations.")
   app.run(main)

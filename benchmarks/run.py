@@ -37,6 +37,11 @@ def _continuous(quick):
   return continuous_bench.run(quick)
 
 
+def _continuous_prefix(quick):
+  from benchmarks import continuous_bench  # pylint: disable=g-import-not-at-top
+  return continuous_bench.run_conversations(quick)
+
+
 def _sandbox(quick):
   from benchmarks import sandbox  # pylint: disable=g-import-not-at-top
   return sandbox.run(quick)
@@ -66,6 +71,7 @@ BENCHMARKS: dict[str, Callable[[bool], dict]] = {
     "update_flops": _update_flops,
     "sampler": _sampler,
     "continuous": _continuous,
+    "continuous_prefix": _continuous_prefix,
     "sandbox": _sandbox,
     "stdio": _stdio,
     "grpo_step": _grpo_step,

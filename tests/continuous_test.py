@@ -13,6 +13,7 @@ from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import continuous
 from agentic_grpo.models import placement
+from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from tests.fixtures import sampling_model
@@ -218,6 +219,225 @@ class ContinuousTest(parameterized.TestCase):
     self.assertEqual(continuous.cache_widths(16, 8), [24])
 
 
+_STOP = [3]
+_OPENING = 5  # new tokens of stage 2 after stage 1's conversation
+
+
+def _stage_one(greedy, seed=11, n=_N):
+  """Stage 1 (`prompts`, `lengths`), saved under keys `(r, 1)`: (output, pool)."""
+  graphdef, params = _model()
+  prompts, lengths = _prompts(seed=seed, n=n)
+  pool = prefix_cache.PrefixCache(1 << 30)
+  out, stats = continuous.sample_with_stats(
+      graphdef, params, prompts, lengths, jax.random.key(1), max_new_tokens=_T, greedy=greedy,
+      stop_token_ids=_STOP, slots=3, steps_per_call=4, prefix_pool=pool,
+      save_keys=[(r, 1) for r in range(n)])
+  return prompts, lengths, out, stats, pool
+
+
+def _stage_two(prompts, lengths, out, seed=12):
+  """Stage 2 prompts: stage 1's prompt + completion + `_OPENING` new tokens, `[N, W]`."""
+  rng = np.random.RandomState(seed)
+  tokens, done = np.asarray(out.tokens), np.asarray(out.lengths)
+  conv = [np.concatenate([prompts[r, :lengths[r]], tokens[r, :done[r]],
+                          rng.randint(0, _CONFIG.vocab_size, _OPENING)])
+          for r in range(len(lengths))]
+  new_lengths = np.array([c.size for c in conv], np.int32)
+  new = np.zeros((len(conv), int(new_lengths.max())), np.int32)
+  for r, c in enumerate(conv):
+    new[r, :c.size] = c
+  return new, new_lengths
+
+
+def _run_stage_two(prompts, lengths, *, params=None, greedy=False, **kwargs):
+  graphdef, base = _model()
+  return continuous.sample_with_stats(
+      graphdef, base if params is None else params, prompts, lengths, jax.random.key(2),
+      max_new_tokens=_T, greedy=greedy, stop_token_ids=_STOP, slots=3, steps_per_call=4,
+      transform=core_types.SamplingTransform(temperature=1.0, top_p=0.95), **kwargs)
+
+
+def _assert_outputs_equal(got, want, atol=1e-5):
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  np.testing.assert_array_equal(got.finish_reason, want.finish_reason)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, atol=atol)
+
+
+class PrefixReuseTest(parameterized.TestCase):
+  """Stage 2 of a conversation starts from stage 1's saved cache rows (`reuse_prefix`)."""
+
+  @parameterized.named_parameters(("greedy", True), ("sampled", False))
+  def test_same_version_reuse_gives_the_logprobs_of_a_full_prefill(self, greedy):
+    prompts, lengths, out, stats, pool = _stage_one(greedy)
+    self.assertEqual(stats.prefixes_saved, _N)
+    self.assertLen(pool, _N)
+    self.assertIn(sampler.FINISH_STOP, np.asarray(out.finish_reason).tolist())
+    new, new_lengths = _stage_two(prompts, lengths, out)
+    keys = [None] + [(r, 1) for r in range(1, _N)]  # request 0 is prefilled whole
+    full, full_stats = _run_stage_two(new, new_lengths, greedy=greedy)
+    got, got_stats = _run_stage_two(new, new_lengths, greedy=greedy,
+                                    reuse_prefix="same_version", prefix_pool=pool,
+                                    prefix_keys=keys)
+    _assert_outputs_equal(got, full)
+    # Saved: each stage-1 prompt and completion but its last token.
+    saved = lengths + np.asarray(out.lengths) - 1
+    self.assertEqual(got_stats.prefix_hits, _N - 1)
+    self.assertEqual(got_stats.reused_tokens, int(saved[1:].sum()))
+    np.testing.assert_array_equal(got_stats.prefix_versions, [-1] + [0] * (_N - 1))
+    self.assertEqual((got_stats.prefix_misses, got_stats.prefix_mismatches), (0, 0))
+    self.assertEqual(got_stats.prompt_tokens, full_stats.prompt_tokens)
+    self.assertLess(got_stats.prefill_tokens, 0.6 * full_stats.prefill_tokens)
+    # And the learner's log-probs of the whole conversation.
+    graphdef, params = _model()
+    transform = core_types.SamplingTransform(temperature=1.0, top_p=0.95)
+    tokens, positions, segment_mask, _ = sampler.join_prompt_completion(
+        new, new_lengths, got.tokens, got.lengths)
+    lp = np.asarray(_sequence_logprobs(graphdef, params, tokens, positions, segment_mask,
+                                       transform))
+    idx = np.minimum(new_lengths[:, None] + np.arange(_T)[None], lp.shape[1] - 1)
+    mask = np.asarray(sampler.completion_mask(got.lengths, _T))
+    np.testing.assert_allclose(got.logprobs, np.where(mask, np.take_along_axis(lp, idx, 1), 0),
+                               atol=2e-5)
+
+  def test_never_is_the_plain_call(self):
+    prompts, lengths, out, _, pool = _stage_one(False)
+    new, new_lengths = _stage_two(prompts, lengths, out)
+    plain, plain_stats = _run_stage_two(new, new_lengths)
+    never, never_stats = _run_stage_two(new, new_lengths, reuse_prefix="never",
+                                        prefix_pool=pool,
+                                        prefix_keys=[(r, 1) for r in range(_N)])
+    for a, b in zip(never, plain):  # bit for bit
+      np.testing.assert_array_equal(a, b)
+    self.assertEqual(never_stats._replace(prefix_versions=None), plain_stats)
+    np.testing.assert_array_equal(never_stats.prefix_versions, [-1] * _N)
+    # Saving the conversations does not change the outputs either.
+    saving, saving_stats = _run_stage_two(new, new_lengths, prefix_pool=pool,
+                                          save_keys=[(r, 2) for r in range(_N)])
+    for a, b in zip(saving, plain):
+      np.testing.assert_array_equal(a, b)
+    self.assertEqual(saving_stats.prefixes_saved, _N)
+    self.assertLen(pool, 2 * _N)
+
+  def test_always_reuses_an_older_version_and_reports_it(self):
+    prompts, lengths, out, _, pool = _stage_one(False)
+    new, new_lengths = _stage_two(prompts, lengths, out)
+    keys = [(r, 1) for r in range(_N)]
+    full, _ = _run_stage_two(new, new_lengths)
+    same, same_stats = _run_stage_two(new, new_lengths, reuse_prefix="same_version",
+                                      prefix_pool=pool, prefix_keys=keys, params_version=1)
+    self.assertEqual((same_stats.prefix_hits, same_stats.prefix_misses), (0, _N))
+    self.assertEqual(same_stats.reused_tokens, 0)
+    np.testing.assert_array_equal(same_stats.prefix_versions, [-1] * _N)
+    for a, b in zip(same, full):
+      np.testing.assert_array_equal(a, b)
+    # The same weights under a new version number: reused, reported as version 0.
+    always, always_stats = _run_stage_two(new, new_lengths, reuse_prefix="always",
+                                          prefix_pool=pool, prefix_keys=keys,
+                                          params_version=1)
+    self.assertEqual((always_stats.prefix_hits, always_stats.prefix_misses), (_N, 0))
+    np.testing.assert_array_equal(always_stats.prefix_versions, [0] * _N)
+    _assert_outputs_equal(always, full)
+    # New weights: the stale prefix is kept, so the log-probs are not a full prefill's.
+    _, params = _model()
+    moved = jax.tree.map(lambda x: x * 1.05, params)
+    stale, stale_stats = _run_stage_two(new, new_lengths, params=moved, greedy=True,
+                                        reuse_prefix="always", prefix_pool=pool,
+                                        prefix_keys=keys, params_version=1)
+    fresh, _ = _run_stage_two(new, new_lengths, params=moved, greedy=True)
+    self.assertEqual(stale_stats.prefix_hits, _N)
+    self.assertGreater(float(np.abs(np.asarray(stale.logprobs[:, 0])
+                                    - np.asarray(fresh.logprobs[:, 0])).max()), 1e-3)
+
+  def test_eviction_under_a_tiny_budget_falls_back_to_full_prefill(self):
+    prompts, lengths, out, _, big = _stage_one(True)
+    new, new_lengths = _stage_two(prompts, lengths, out)
+    entries = [big.get((r, 1)) for r in range(_N)]
+    pool = prefix_cache.PrefixCache(2 * max(e.nbytes for e in entries))
+    for r, e in enumerate(entries):
+      pool.put((r, 1), e.tokens, e.rows, e.version)
+    self.assertLessEqual(len(pool), 2)
+    self.assertGreaterEqual(pool.evictions, _N - 2)
+    self.assertLessEqual(pool.nbytes, pool.budget_bytes)
+    self.assertIn((_N - 1, 1), pool)  # the most recently saved are kept
+    self.assertNotIn((0, 1), pool)
+    full, _ = _run_stage_two(new, new_lengths, greedy=True)
+    got, stats = _run_stage_two(new, new_lengths, greedy=True, reuse_prefix="same_version",
+                                prefix_pool=pool, prefix_keys=[(r, 1) for r in range(_N)])
+    self.assertEqual(stats.prefix_hits, len(pool))
+    self.assertEqual(stats.prefix_misses, _N - len(pool))
+    _assert_outputs_equal(got, full)
+
+  def test_a_prefix_whose_tokens_differ_is_not_reused(self):
+    prompts, lengths, out, _, pool = _stage_one(True)
+    new, new_lengths = _stage_two(prompts, lengths, out)
+    new[1, 0] = (new[1, 0] + 1) % _CONFIG.vocab_size  # differs at its first token
+    new[2, lengths[2] - 1] = (new[2, lengths[2] - 1] + 1) % _CONFIG.vocab_size
+    # Request 3's prompt is its saved conversation exactly: nothing left to prefill.
+    saved = pool.get((3, 1)).tokens
+    new[3] = 0
+    new[3, :saved.size] = saved
+    new_lengths[3] = saved.size
+    full, _ = _run_stage_two(new, new_lengths, greedy=True)
+    got, stats = _run_stage_two(new, new_lengths, greedy=True, reuse_prefix="always",
+                                prefix_pool=pool, prefix_keys=[(r, 1) for r in range(_N)])
+    self.assertEqual(stats.prefix_mismatches, 3)
+    self.assertEqual(stats.prefix_hits, _N - 3)
+    np.testing.assert_array_equal(np.asarray(stats.prefix_versions)[1:4], [-1] * 3)
+    _assert_outputs_equal(got, full)
+
+  def test_pool_is_least_recently_used(self):
+    rows = jnp.zeros((2, 2, 2, 16, 8), jnp.float32)
+    one = prefix_cache.Entry(np.zeros((4,), np.int32), rows, 0).nbytes
+    pool = prefix_cache.PrefixCache(2 * one)
+    for key in "ab":
+      self.assertTrue(pool.put(key, np.zeros((4,), np.int32), rows, 0))
+    self.assertIsNotNone(pool.get("a"))  # "b" is now the least recently used
+    pool.put("c", np.zeros((4,), np.int32), rows, 3)
+    self.assertEqual(sorted(k for k in "abc" if k in pool), ["a", "c"])
+    self.assertEqual((pool.evictions, pool.nbytes), (1, 2 * one))
+    self.assertEqual(pool.get("c").version, 3)
+    big = jnp.zeros((2, 2, 2, 64, 8), jnp.float32)
+    self.assertFalse(pool.put("d", np.zeros((4,), np.int32), big, 0))
+    self.assertNotIn("d", pool)
+    with self.assertRaisesRegex(ValueError, "budget_bytes"):
+      prefix_cache.PrefixCache(0)
+    with self.assertRaisesRegex(ValueError, "rows must be"):
+      pool.put("e", np.zeros((17,), np.int32), rows, 0)
+    with self.assertRaisesRegex(ValueError, "reuse_prefix must be one of"):
+      prefix_cache.check_reuse_prefix("sometimes")
+
+  @parameterized.named_parameters(
+      ("mode", dict(reuse_prefix="sometimes"), "reuse_prefix must be one of"),
+      ("mode_type", dict(reuse_prefix=None), "reuse_prefix must be one of"),
+      ("no_pool", dict(reuse_prefix="always", prefix_keys=[0] * _N), "prefix_pool must be"),
+      ("save_no_pool", dict(save_keys=[0] * _N), "prefix_pool must be"),
+      ("keys_length", dict(reuse_prefix="always", prefix_keys=[0], pool=True),
+       "prefix_keys must have N=10"),
+      ("keys_type", dict(save_keys="abc", pool=True), "save_keys must be a sequence"),
+      ("unhashable", dict(save_keys=[[0]] * _N, pool=True), "save_keys entries must be"),
+      ("version", dict(params_version=-1), "params_version must be an int"),
+  )
+  def test_invalid(self, kwargs, match):
+    graphdef, params = _model()
+    prompts, lengths = _prompts()
+    if kwargs.pop("pool", False):
+      kwargs["prefix_pool"] = prefix_cache.PrefixCache(1 << 20)
+    with self.assertRaisesRegex(ValueError, match):
+      continuous.sample(graphdef, params, prompts, lengths, jax.random.key(0),
+                        max_new_tokens=_T, **kwargs)
+
+  def test_entries_of_another_model_are_refused(self):
+    graphdef, params = _model()
+    prompts, lengths = _prompts()
+    pool = prefix_cache.PrefixCache(1 << 20)
+    pool.put("x", prompts[0, :1], jnp.zeros((1, 2, 2, 16, 8), jnp.float32), 0)
+    with self.assertRaisesRegex(ValueError, "does not fit this model"):
+      continuous.sample(graphdef, params, prompts, lengths, jax.random.key(0),
+                        max_new_tokens=_T, reuse_prefix="always", prefix_pool=pool,
+                        prefix_keys=["x"] * _N)
+
+
 class ShardedTest(parameterized.TestCase):
   """On meshes of the 8 simulated CPU devices (conftest.py): the same results as one device."""
 
@@ -267,6 +487,17 @@ class ShardedTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"slots \(6\) must be a multiple of .* 4"):
       continuous.sample(graphdef, placed, prompts, lengths, jax.random.key(0),
                         max_new_tokens=_T, slots=6, shardings=shardings)
+
+  def test_saved_prefixes_are_one_device_only(self):
+    graphdef, params = _model()
+    mesh = parallel.make_mesh((2, 2, 2))
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    placed = placement.device_put_params(params, placement.shard_model(_CONFIG, mesh))
+    prompts, lengths = _prompts()
+    with self.assertRaisesRegex(ValueError, "one device only: not with shardings"):
+      continuous.sample(graphdef, placed, prompts, lengths, jax.random.key(0),
+                        max_new_tokens=_T, slots=8, shardings=shardings,
+                        prefix_pool=prefix_cache.PrefixCache(1 << 20), save_keys=[0] * _N)
 
 
 class PerRowCacheIndexTest(absltest.TestCase):

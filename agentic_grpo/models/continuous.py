@@ -63,21 +63,35 @@ replicated). The tokens, lengths and finish reasons are those of one device, the
 agree up to float rounding. Single process only: the host loop needs every request (a
 multi-process run would first gather every process's requests).
 
-Reused conversation prefixes (design, not built here). Stage k+1 of an episode extends stage
-k's conversation; its prefill could start from stage k's cache rows instead of position 0.
-With per-slot cache indices this is an `insert` of saved rows followed by a prefill of the new
-tokens only (a prefill that starts at the saved index). `reuse_prefix='never'` prefills every
-stage whole (today's behaviour); `'same_version'` reuses a saved prefix only when it was
-computed by the current policy version (then the log-probs are those of a full prefill, up to
-rounding); `'always'` also reuses prefixes of earlier versions, recording the version so that
-the importance ratio against the learner's recomputed log-probs covers the difference. Saved
-prefixes live in a host-managed pool of cache rows keyed by (episode, stage, version), evicted
-least-recently-used under a memory budget.
+Reused conversation prefixes. Stage k+1 of an episode extends stage k's conversation (its
+prompt, completion and a new opening); its prefill can start from stage k's cache rows instead
+of position 0. A request that names a saved conversation (`prefix_keys`, looked up in a
+`prefix_cache.PrefixCache`) whose tokens are the start of its prompt is refilled by
+`_prefix_refill_impl`: the saved rows (`[B, n_layers, 2, n_kv_heads, Ls, head_dim]`, `Ls` a
+prompt bucket) fill positions `0..L-1` of a `[B, Ls + Bs]` prefill cache whose per-row `index`
+is `L`, and only the rest of the prompt (`[B, Bs]`, `Bs` the bucket of the longest rest) is
+prefilled, at positions `L..`; its first token and the insert are those of a full prefill.
+Requests of a refill that reuse a prefix are prefilled apart from those that do not (each in
+parts of powers of two). A finished request's slot holds its conversation but the last
+generated token at positions `0..index-1`; with `save_keys` those rows are copied out
+(`prefix_cache.save_rows`, at a prompt bucket's width) as soon as the host sees the slot done,
+before it is refilled, cut or moved, and put into the pool with their tokens and
+`params_version` when the call returns. Policy versions make reuse a choice
+(`reuse_prefix`, as in PipelineRL: Piché et al., 2025): `'never'` prefills every prompt whole
+(the programs and outputs of a call without prefixes); `'same_version'` reuses a prefix only
+when it was computed by the current version (the log-probs are those of a full prefill, up to
+float rounding); `'always'` also reuses prefixes of earlier versions and reports each
+request's (`Stats.prefix_versions`), so that the caller records it and the importance ratio
+against the learner's recomputed log-probs covers the difference. A missing (never saved or
+evicted: the pool is least-recently-used under a byte budget), other-version or mismatched
+prefix falls back to a full prefill and is counted (`Stats`). One device only: saved prefixes
+with `shardings` raise.
 """
 
 import collections
+import collections.abc
 import functools
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Hashable, NamedTuple, Optional, Sequence, Union
 
 from flax import nnx
 import jax
@@ -86,6 +100,7 @@ import numpy as np
 
 from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 
@@ -131,7 +146,8 @@ class Prefix(NamedTuple):
   """What `prefill` hands to `insert` for `B` requests.
 
   Attributes:
-    cache: `KVCache` of `[B, ..., P, ...]` rows (scalar index).
+    cache: `KVCache` of `[B, ..., P, ...]` rows (its index unused): positions `0..` of
+      each prompt, valid up to the prompt's length.
     tokens: `[B]` int32 first generated tokens.
     logprobs: `[B]` float32 their behaviour log-probs.
     window: `[B, L]` int32 the stop window after the first token.
@@ -158,6 +174,16 @@ class Stats(NamedTuple):
       and tail bounds).
     resizes: cache widenings and narrowings (`cache_widths`).
     compactions: moves of the live requests into fewer slots (`min_slots`).
+    reused_tokens: prompt tokens taken from saved prefixes instead of prefilled
+      (`reuse_prefix`); `prompt_tokens - reused_tokens` real tokens were prefilled.
+    prefix_hits: requests that started from a saved prefix.
+    prefix_misses: requests that named a prefix (`prefix_keys`) that was not in the pool
+      (never saved, or evicted) or, at `'same_version'`, was computed by another version.
+    prefix_mismatches: requests whose named prefix's tokens are not the start of their
+      prompt (or not shorter than it); prefilled whole.
+    prefixes_saved: conversations saved into the pool (`save_keys`; kept or not).
+    prefix_versions: `[N]` int64, the policy version that computed each request's reused
+      prefix, -1 where none was reused (None when `prefix_keys` is None).
   """
   prompt_tokens: int
   prefill_tokens: int
@@ -167,6 +193,12 @@ class Stats(NamedTuple):
   cache_reads: int = 0
   resizes: int = 0
   compactions: int = 0
+  reused_tokens: int = 0
+  prefix_hits: int = 0
+  prefix_misses: int = 0
+  prefix_mismatches: int = 0
+  prefixes_saved: int = 0
+  prefix_versions: Optional[np.ndarray] = None
 
 
 def _transform(temperature, top_p, top_k, use_top_p, vocab_limit):
@@ -228,10 +260,42 @@ def _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, 
                                     positions < prompt_lengths[:, None],
                                     logits_at=prompt_lengths - 1)
   cache = _constrain(cache, place)
-  tok, lp = sampler.draw_tokens(logits[:, 0], transform, keys, 0, greedy)
-  window = jnp.full((b, stop_seqs.shape[-1]), -2, jnp.int32).at[:, -1].set(tok)
+  return _first_token(cache, logits[:, 0], transform, keys, stop_ids, stop_seqs, greedy)
+
+
+def _first_token(cache, logits, transform, keys, stop_ids, stop_seqs, greedy) -> Prefix:
+  """The `Prefix` of a prefilled `cache` whose last prompt tokens gave `logits [B, V]`."""
+  tok, lp = sampler.draw_tokens(logits, transform, keys, 0, greedy)
+  window = jnp.full((tok.shape[0], stop_seqs.shape[-1]), -2, jnp.int32).at[:, -1].set(tok)
   hit = sampler.stop_hits(tok, window, stop_ids, stop_seqs)
   return Prefix(cache=cache, tokens=tok, logprobs=lp, window=window, hit=hit)
+
+
+def _prefix_prefill_impl(graphdef, params, saved, starts, suffixes, suffix_lengths, keys,
+                         temperature, top_p, stop_ids, stop_seqs, *, top_k, greedy, use_top_p,
+                         vocab_limit):
+  """`prefill` of `B` requests whose first `starts` prompt tokens are in `saved` rows.
+
+  `saved [B, n_layers, 2, n_kv_heads, Ls, head_dim]` (`prefix_cache.stack_rows`) holds each
+  request's keys and values at positions `0..starts-1` (`starts <= Ls`); `suffixes [B, Bs]`
+  the rest of each prompt (right-padded, `suffix_lengths` in `[1, Bs]`), prefilled at
+  positions `starts..` into a `[B, Ls + Bs]` cache that attends to the saved positions."""
+  config = nnx.merge(graphdef, params).config
+  b, bs = suffixes.shape
+  ls = saved.shape[4]
+  transform = _transform(temperature, top_p, top_k, use_top_p, vocab_limit)
+  pad = ((0, 0), (0, 0), (0, bs), (0, 0))
+  cache = transformer.KVCache(
+      k=tuple(jnp.pad(saved[:, i, 0], pad).astype(config.dtype)
+              for i in range(config.n_layers)),
+      v=tuple(jnp.pad(saved[:, i, 1], pad).astype(config.dtype)
+              for i in range(config.n_layers)),
+      valid=jnp.arange(ls + bs)[None] < starts[:, None], index=starts)
+  offsets = jnp.arange(bs, dtype=jnp.int32)[None]
+  logits, cache = transformer.apply(graphdef, params, suffixes, starts[:, None] + offsets,
+                                    cache, offsets < suffix_lengths[:, None],
+                                    logits_at=suffix_lengths - 1)
+  return _first_token(cache, logits[:, 0], transform, keys, stop_ids, stop_seqs, greedy)
 
 
 _PREFILL_JIT = jax.jit(_prefill_impl,
@@ -269,15 +333,18 @@ def _insert_impl(state: SlotState, prefix: Prefix, slots, prompt_lengths, keys, 
   s, t_max = state.tokens.shape
   b, p = prefix.cache.valid.shape
   cache_len = state.cache.valid.shape[1]
+  # A prefix prefill's cache may be wider than the slots' (its saved and new parts are
+  # bucketed apart); its positions past the cache hold no prompt token.
+  p = min(p, cache_len)
 
   def put(x, rows):  # rows of slots `slots`; entries past S are dropped (batch padding)
     return x.at[slots].set(rows.astype(x.dtype), mode="drop")
 
-  k = tuple(ck.at[slots, :, :p].set(pk, mode="drop")
+  k = tuple(ck.at[slots, :, :p].set(pk[:, :, :p], mode="drop")
             for ck, pk in zip(state.cache.k, prefix.cache.k, strict=True))
-  v = tuple(cv.at[slots, :, :p].set(pv, mode="drop")
+  v = tuple(cv.at[slots, :, :p].set(pv[:, :, :p], mode="drop")
             for cv, pv in zip(state.cache.v, prefix.cache.v, strict=True))
-  valid = jnp.zeros((b, cache_len), jnp.bool_).at[:, :p].set(prefix.cache.valid)
+  valid = jnp.zeros((b, cache_len), jnp.bool_).at[:, :p].set(prefix.cache.valid[:, :p])
   cache = transformer.KVCache(k=k, v=v, valid=put(state.cache.valid, valid),
                               index=put(state.cache.index, prompt_lengths))
   first = jnp.arange(t_max)[None] == 0
@@ -428,6 +495,23 @@ _REFILL_JIT = jax.jit(_refill_impl, donate_argnames=("state",),
                                        "vocab_limit"))
 
 
+def _prefix_refill_impl(graphdef, params, state, saved, starts, suffixes, suffix_lengths,
+                        prompt_lengths, keys, stop_ids, stop_seqs, slots, temperature, top_p,
+                        pad_id, *, top_k, greedy, use_top_p, vocab_limit):
+  """`_refill_impl` of requests that start from saved rows (`_prefix_prefill_impl`)."""
+  evicted = _take(state, jnp.minimum(slots, state.done.shape[0] - 1))
+  prefix = _prefix_prefill_impl(graphdef, params, saved, starts, suffixes, suffix_lengths,
+                                keys, temperature, top_p, stop_ids, stop_seqs, top_k=top_k,
+                                greedy=greedy, use_top_p=use_top_p, vocab_limit=vocab_limit)
+  state = _insert_impl(state, prefix, slots, prompt_lengths, keys, stop_ids, stop_seqs, pad_id)
+  return state, evicted
+
+
+_PREFIX_REFILL_JIT = jax.jit(_prefix_refill_impl, donate_argnames=("state",),
+                             static_argnames=("graphdef", "top_k", "greedy", "use_top_p",
+                                              "vocab_limit"))
+
+
 def _resize_impl(state: SlotState, *, width):
   """The state with its cache cut or padded to `width` positions (one copy of the cache)."""
   cache = state.cache
@@ -538,6 +622,7 @@ class _Programs(NamedTuple):
   (`_sharded_*`, every argument placed as the program's in_shardings say)."""
   init: Callable  # (slots, cache_len, keys) -> SlotState
   refill: Callable  # (params, state, slots, cache_len, *args) -> (state, evicted)
+  prefix_refill: Optional[Callable]  # the same, from saved rows (one device only)
   generate: Callable  # (params, state, slots, cache_len, *args) -> (state, steps_run)
   resize: Callable  # (state, slots, have, width) -> state
   gather: Callable  # (state, slots, cache_len, rows) -> state
@@ -554,6 +639,8 @@ def _programs(graphdef, config, shardings, t_max, stop_ids_width, stop_seqs_shap
                                            stop_seqs_shape, keys),
         refill=lambda params, state, s, w, *args: _REFILL_JIT(graphdef, params, state, *args,
                                                               **static),
+        prefix_refill=lambda params, state, s, w, *args: _PREFIX_REFILL_JIT(
+            graphdef, params, state, *args, **static),
         generate=lambda params, state, s, w, *args: _GENERATE_JIT(
             graphdef, params, state, *args, steps=steps, **static),
         resize=lambda state, s, have, width: _RESIZE_JIT(state, width=width),
@@ -583,7 +670,7 @@ def _programs(graphdef, config, shardings, t_max, stop_ids_width, stop_seqs_shap
       init=lambda s, w, keys: _sharded_init(config, shardings, s, w, t_max, stop_ids_width,
                                             stop_seqs_shape)(
           jax.device_put(keys, shardings.rows(s))),
-      refill=refill,
+      refill=refill, prefix_refill=None,
       generate=lambda params, state, s, w, *args: _sharded_generate(
           graphdef, shardings, s, w, steps, **static)(params, state, *args),
       resize=lambda state, s, have, width: _sharded_resize(shardings, s, have, width)(state),
@@ -617,6 +704,68 @@ def _positive_int(name: str, value) -> int:
   return int(value)
 
 
+def _per_request(name: str, keys, n: int) -> Optional[list]:
+  if keys is None:
+    return None
+  if isinstance(keys, np.ndarray) and keys.ndim == 1:
+    keys = keys.tolist()
+  if isinstance(keys, (str, bytes)) or not isinstance(keys, collections.abc.Sequence):
+    raise ValueError(f"{name} must be a sequence of N={n} keys (None: none), got "
+                     f"{type(keys).__name__}")
+  keys = list(keys)
+  if len(keys) != n:
+    raise ValueError(f"{name} must have N={n} entries (one per request), got {len(keys)}")
+  for key in keys:
+    if not isinstance(key, collections.abc.Hashable):
+      raise ValueError(f"{name} entries must be hashable (or None), got {key!r}")
+  return keys
+
+
+class _Plan(NamedTuple):
+  """Which requests start from which saved prefix (`_plan_prefixes`)."""
+  entries: list  # [N] prefix_cache.Entry or None
+  starts: np.ndarray  # [N] int64 prompt tokens taken from the entry (0: prefill whole)
+  versions: np.ndarray  # [N] int64 the entry's version, -1 where none is reused
+  misses: int
+  mismatches: int
+
+
+def _plan_prefixes(req: sampler.Requests, pool, prefix_keys, reuse_prefix: str,
+                   version: int) -> _Plan:
+  n = req.prompts.shape[0]
+  entries = [None] * n
+  starts = np.zeros((n,), np.int64)
+  versions = np.full((n,), -1, np.int64)
+  misses = mismatches = 0
+  if reuse_prefix == "never" or prefix_keys is None:
+    return _Plan(entries, starts, versions, 0, 0)
+  for r, key in enumerate(prefix_keys):
+    if key is None:
+      continue
+    entry = pool.get(key)
+    if entry is None or (reuse_prefix == "same_version" and entry.version != version):
+      misses += 1
+      continue
+    prefix_cache.check_entry(entry, req.config)
+    saved = entry.tokens.size
+    if saved >= req.prompt_lengths[r] or not np.array_equal(req.prompts[r, :saved],
+                                                            entry.tokens):
+      mismatches += 1
+      continue
+    entries[r], starts[r], versions[r] = entry, saved, entry.version
+  return _Plan(entries, starts, versions, misses, mismatches)
+
+
+def _powers_of_two(rows: np.ndarray) -> list[np.ndarray]:
+  """`rows` in consecutive parts of decreasing powers of two (7 rows: 4, 2, 1)."""
+  parts = []
+  while rows.size:
+    b = 1 << (rows.size.bit_length() - 1)
+    parts.append(rows[:b])
+    rows = rows[b:]
+  return parts
+
+
 def sample(
     graphdef: nnx.GraphDef,
     params: nnx.State,
@@ -636,6 +785,11 @@ def sample(
     refill_batch: Optional[int] = None,
     min_slots: int = DEFAULT_MIN_SLOTS,
     shardings: Optional[sampler.Shardings] = None,
+    reuse_prefix: str = "never",
+    prefix_pool: Optional[prefix_cache.PrefixCache] = None,
+    prefix_keys: Optional[Sequence[Optional[Hashable]]] = None,
+    save_keys: Optional[Sequence[Optional[Hashable]]] = None,
+    params_version: int = 0,
 ) -> sampler.SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts with `slots` decode slots.
 
@@ -655,6 +809,26 @@ def sample(
       over the mesh's batch axes, so `slots` must be a multiple of their size
       (`batch_ways`), and the tail's slot counts are rounded up to one (`min_slots` too).
       Single process only: `prompts` are every request. None: one device.
+    reuse_prefix: whether a request starts from a saved prefix (`prefix_cache.REUSE_PREFIX`):
+      `'never'` prefills every prompt whole (`prefix_keys` unused); `'same_version'` reuses
+      a named prefix only when it was computed by `params_version` (the log-probs are those
+      of a full prefill, up to float rounding); `'always'` also reuses prefixes of other
+      versions, reporting each request's in `Stats.prefix_versions` (`sample_with_stats`;
+      the caller records it: the importance ratio against the learner's recomputed
+      log-probs covers the difference). A request reuses its named entry when the entry's tokens are the start of
+      its prompt and shorter than it: the saved rows fill positions `0..L-1` and only the
+      rest of the prompt is prefilled (from position `L`); otherwise it is prefilled whole
+      (`Stats.prefix_misses`, `Stats.prefix_mismatches`).
+    prefix_pool: the `prefix_cache.PrefixCache` that `prefix_keys` are looked up in and
+      `save_keys` saved into; needed with either.
+    prefix_keys: None, or `N` keys (None entries: no prefix), each naming the saved
+      conversation request `r`'s prompt continues, e.g. `(episode, stage - 1)`.
+    save_keys: None, or `N` keys (None entries: not saved): request `r`'s conversation
+      (its prompt and completion but the completion's last token: what its cache holds) is
+      saved under `save_keys[r]` with version `params_version` when the call returns (a
+      request cannot reuse a conversation saved in the same call). Conversations longer than
+      the largest prompt bucket are not saved.
+    params_version: int >= 0, the version of `params`.
 
   Returns:
     `sampler.SampleOutput` in request order: `[N, max_new_tokens]` int32 tokens (`pad_id`
@@ -667,14 +841,19 @@ def sample(
       new tokens past `max_seq_len`, a non-positive `max_new_tokens`, a bad `transform` or
       stop ids, a prompt longer than the largest bucket), or `slots`, `steps_per_call`,
       `refill_batch` or `min_slots` not a positive int; with `shardings`, `slots` not a
-      multiple of the batch axes' size, or more than one process.
+      multiple of the batch axes' size, or more than one process; `reuse_prefix` not one of
+      `prefix_cache.REUSE_PREFIX`; `prefix_keys` or `save_keys` not `N` hashable keys;
+      `params_version` not an int >= 0; keys without a `PrefixCache` `prefix_pool`; saved
+      prefixes with `shardings`; a reused entry that does not fit the model's cache.
   """
   return sample_with_stats(
       graphdef, params, prompts, prompt_lengths, rng, max_new_tokens=max_new_tokens,
       transform=transform, greedy=greedy, stop_token_ids=stop_token_ids,
       stop_sequences=stop_sequences, pad_id=pad_id, prompt_buckets=prompt_buckets,
       slots=slots, steps_per_call=steps_per_call, refill_batch=refill_batch,
-      min_slots=min_slots, shardings=shardings)[0]
+      min_slots=min_slots, shardings=shardings, reuse_prefix=reuse_prefix,
+      prefix_pool=prefix_pool, prefix_keys=prefix_keys, save_keys=save_keys,
+      params_version=params_version)[0]
 
 
 def sample_with_stats(
@@ -696,6 +875,11 @@ def sample_with_stats(
     refill_batch: Optional[int] = None,
     min_slots: int = DEFAULT_MIN_SLOTS,
     shardings: Optional[sampler.Shardings] = None,
+    reuse_prefix: str = "never",
+    prefix_pool: Optional[prefix_cache.PrefixCache] = None,
+    prefix_keys: Optional[Sequence[Optional[Hashable]]] = None,
+    save_keys: Optional[Sequence[Optional[Hashable]]] = None,
+    params_version: int = 0,
 ) -> tuple[sampler.SampleOutput, Stats]:
   """`sample`, and the `Stats` of the work it did (prefill tokens, round trips, steps).
 
@@ -710,6 +894,21 @@ def sample_with_stats(
                                max_new_tokens=max_new_tokens, transform=transform,
                                stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
   min_slots = _positive_int("min_slots", min_slots)
+  reuse_prefix = prefix_cache.check_reuse_prefix(reuse_prefix)
+  n = req.prompts.shape[0]
+  prefix_keys = _per_request("prefix_keys", prefix_keys, n)
+  save_keys = _per_request("save_keys", save_keys, n)
+  if (not isinstance(params_version, (int, np.integer)) or isinstance(params_version, bool)
+      or params_version < 0):
+    raise ValueError(f"params_version must be an int >= 0, got {params_version!r}")
+  uses_pool = save_keys is not None or (reuse_prefix != "never" and prefix_keys is not None)
+  if uses_pool and not isinstance(prefix_pool, prefix_cache.PrefixCache):
+    raise ValueError(f"prefix_pool must be a prefix_cache.PrefixCache when save_keys or "
+                     f"prefix_keys (with reuse_prefix={reuse_prefix!r}) are given, got "
+                     f"{type(prefix_pool).__name__}")
+  if uses_pool and shardings is not None:
+    raise ValueError("reuse_prefix / save_keys (saved prefixes) run on one device only: "
+                     "not with shardings")
   ways = 1
   if shardings is not None:
     if parallel.process_count() > 1:
@@ -721,7 +920,6 @@ def sample_with_stats(
                        "(the slots are split over them)")
   floor = -(-min_slots // ways) * ways  # the fewest slots of the tail, a multiple of `ways`
   t_max = int(max_new_tokens)
-  n = req.prompts.shape[0]
   lengths = req.prompt_lengths
   widths = cache_widths(sampler.prompt_bucket(int(lengths.max()), prompt_buckets), t_max)
   run_transform = core_types.SamplingTransform(transform.temperature, transform.top_k,
@@ -744,31 +942,58 @@ def sample_with_stats(
                              run.scalar(np.float32(transform.top_p)),
                              run.scalar(np.int32(pad_id)))
 
+  plan = _plan_prefixes(req, prefix_pool, prefix_keys, reuse_prefix, int(params_version))
+  starts = plan.starts
+  saves = []  # (request, its conversation's length, its rows on the device)
+  saved_req = np.zeros((n,), bool)
+  reused_tokens = 0
+
   while True:
     free = np.flatnonzero(done)
     while queue and free.size:
       # A power of two of requests at a time (few compiled sizes, no padded rows): 17 free
-      # slots take a refill of 16, then one of 1.
+      # slots take a refill of 16, then one of 1. Those that start from a saved prefix are
+      # prefilled apart, in parts of powers of two too.
       b = 1 << (min(free.size, len(queue)).bit_length() - 1)
       rows = np.array([queue.popleft() for _ in range(b)])
-      bucket = sampler.prompt_bucket(int(lengths[rows].max()), prompt_buckets)
-      batch = np.full((b, bucket), pad_id, np.int32)
-      take = min(bucket, req.prompts.shape[1])
-      batch[:, :take] = req.prompts[rows, :take]
-      target = free[:b].astype(np.int32)
-      args = run.rows({"prompts": batch, "lengths": lengths[rows],
-                       "keys": keys[jnp.asarray(rows)], "stop_ids": req.stop_ids[rows],
-                       "stop_seqs": req.stop_seqs[rows], "slots": target})
-      state, evicted = run.refill(
-          params, state, s, width, args["prompts"], args["lengths"], args["keys"],
-          args["stop_ids"], args["stop_seqs"], args["slots"], temperature, top_p, pad)
-      evictions.append((owner[target].copy(), evicted))
-      owner[target] = rows
-      done[target] = False
-      index[target] = lengths[rows]
-      free = free[b:]
-      prefill_tokens += b * bucket
-      prefill_calls += 1
+      reuse = starts[rows] > 0
+      for part in [rows[~reuse]] + _powers_of_two(rows[reuse]):
+        if not part.size:
+          continue
+        g = part.size
+        target = free[:g].astype(np.int32)
+        if not starts[part[0]]:
+          bucket = sampler.prompt_bucket(int(lengths[part].max()), prompt_buckets)
+          batch = np.full((g, bucket), pad_id, np.int32)
+          take = min(bucket, req.prompts.shape[1])
+          batch[:, :take] = req.prompts[part, :take]
+          args = run.rows({"prompts": batch, "lengths": lengths[part],
+                           "keys": keys[jnp.asarray(part)], "stop_ids": req.stop_ids[part],
+                           "stop_seqs": req.stop_seqs[part], "slots": target})
+          state, evicted = run.refill(
+              params, state, s, width, args["prompts"], args["lengths"], args["keys"],
+              args["stop_ids"], args["stop_seqs"], args["slots"], temperature, top_p, pad)
+        else:
+          saved_width = sampler.prompt_bucket(int(starts[part].max()), prompt_buckets)
+          suffix_lengths = (lengths[part] - starts[part]).astype(np.int32)
+          bucket = sampler.prompt_bucket(int(suffix_lengths.max()), prompt_buckets)
+          batch = np.full((g, bucket), pad_id, np.int32)
+          for i, r in enumerate(part):
+            batch[i, :suffix_lengths[i]] = req.prompts[r, starts[r]:lengths[r]]
+          saved = prefix_cache.stack_rows([plan.entries[r] for r in part], saved_width)
+          state, evicted = run.prefix_refill(
+              params, state, s, width, saved, jnp.asarray(starts[part], jnp.int32),
+              jnp.asarray(batch), jnp.asarray(suffix_lengths), jnp.asarray(lengths[part]),
+              keys[jnp.asarray(part)], jnp.asarray(req.stop_ids[part]),
+              jnp.asarray(req.stop_seqs[part]), jnp.asarray(target), temperature, top_p, pad)
+          reused_tokens += int(starts[part].sum())
+        evictions.append((owner[target].copy(), evicted))
+        owner[target] = part
+        done[target] = False
+        index[target] = lengths[part]
+        free = free[g:]
+        prefill_tokens += g * bucket
+        prefill_calls += 1
     if not queue and done.all():
       break
     live = ~done
@@ -795,6 +1020,19 @@ def sample_with_stats(
                             run.scalar(np.int32(min_finished)))
     done, index, k = jax.device_get((state.done, state.cache.index, k))
     done, index = np.array(done), np.array(index)
+    if save_keys is not None:
+      # A finished slot holds its conversation (prompt + completion but its last token) at
+      # positions 0..index-1 until it is refilled, cut or moved: saved now.
+      for slot in np.flatnonzero(done & (owner >= 0)):
+        r = int(owner[slot])
+        if save_keys[r] is None or saved_req[r]:
+          continue
+        saved_req[r] = True
+        try:
+          keep = sampler.prompt_bucket(int(index[slot]), prompt_buckets)
+        except ValueError:  # longer than any prompt it could start
+          continue
+        saves.append((r, int(index[slot]), prefix_cache.save_rows(state.cache, slot, keep)))
     generate_calls += 1
     decode_steps += int(k)
     cache_reads += int(k) * s * width
@@ -808,10 +1046,17 @@ def sample_with_stats(
     r = requests[held]
     out_tokens[r], out_lp[r], out_len[r], out_finish[r] = (tok[held], lp[held], length[held],
                                                            finish[held])
+  for r, length, rows in saves:
+    conversation = np.concatenate([req.prompts[r, :lengths[r]],
+                                   out_tokens[r, :out_len[r] - 1]])
+    prefix_pool.put(save_keys[r], conversation[:length], rows, int(params_version))
   out = sampler.SampleOutput(tokens=out_tokens, lengths=out_len, finish_reason=out_finish,
                              logprobs=out_lp)
   out = jax.tree.map(jnp.asarray, out) if shardings is None else shardings.put_rows(out)
   return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
                     prefill_calls=prefill_calls, generate_calls=generate_calls,
                     decode_steps=decode_steps, cache_reads=cache_reads, resizes=resizes,
-                    compactions=compactions)
+                    compactions=compactions, reused_tokens=reused_tokens,
+                    prefix_hits=int((starts > 0).sum()), prefix_misses=plan.misses,
+                    prefix_mismatches=plan.mismatches, prefixes_saved=len(saves),
+                    prefix_versions=None if prefix_keys is None else plan.versions)
