@@ -31,6 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_grpo.checkpoint import host_rows as checkpoint_host_rows
+from agentic_grpo.train import metric_rows
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -55,12 +56,7 @@ _OVERRIDES = (
     "--verbosity=1",  # each process logs its metrics rows and the tasks it draws
 )
 # Wall-clock numbers differ between processes; everything else must not.
-_TIMES = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
-          "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
-          "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-          "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
-          "rl/episodes_per_s_phase", "final/latency_s", "final/wait_s", "final/latency_s_mean",
-          "final/latency_s_p95")
+_TIMES = metric_rows.WALL_CLOCK
 _TAKES = re.compile(r"agent loop: shard (\d+) batch \d+ takes stream positions (\[[^\]]*\]) "
                     r"task ids (\[[^\]]*\])")
 

@@ -32,6 +32,7 @@ from agentic_grpo.replay import batching
 from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import metric_rows
 from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
@@ -119,11 +120,7 @@ class SignalingWorkflow(workflow_lib.Workflow):
     return super().close_stage(episodes, outputs)
 
 
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
-               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
-               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
-               "rl/episodes_per_s_phase")
+_WALL_CLOCK = metric_rows.WALL_CLOCK
 
 
 def _history(workdir):

@@ -28,9 +28,10 @@ replay (`StagedReplay.finish`: the corrections, or outcome-only rows) at the har
 finished (`final/wait_s`). Counting in harvests rather than seconds keeps a run deterministic,
 and processes in lock-step, whatever the judge's speed; the rows it readies then meet the
 importance ratio and the staleness bound against the policy version of their update like any
-other. Each landing reports `final/latency_s` (seconds from the last stage scored to the final
-reward in the replay) and `final/latency_versions` (policy versions from the last stage's
-sampling to it). With `final_reward_lag=0` the final reward lands right after its last stage,
+other. Each landing reports `final/latency_versions` (policy versions from the last stage's
+sampling to the final reward in the replay, with the harvest's metrics) and, on the host's
+clock, its seconds from the last stage scored and the seconds the loop waited for it
+(`pop_final_seconds`, `final_latency`). With `final_reward_lag=0` the final reward lands right after its last stage,
 in the same harvest (the loop waits for the whole judgement).
 
 Between calls the trainer runs learner updates on whatever the replay made ready, so (i) the
@@ -83,7 +84,7 @@ SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, 
 _STATE_KEYS = ("slots", "cursor", "phase", "rng_counter", "next_batch_id", "next_episode_id",
                "next_group_id", "stream_position", "counters")
 # Keys an earlier version did not write (it had no batch awaiting a final reward).
-_STATE_DEFAULTS = {"finals": [], "harvests": 0, "final_latency": {"seconds": [], "versions": []}}
+_STATE_DEFAULTS = {"finals": [], "harvests": 0, "final_latency_versions": []}
 # The most recent final-reward latencies kept for the run's mean and p95 (`final_latency`).
 _LATENCY_HISTORY = 4096
 
@@ -158,8 +159,11 @@ class AgentLoop:
     # Batches whose last stage is scored, awaiting their final reward, in the order they are due.
     self.finals: list[inflight.InFlightBatch] = []
     self.harvests = 0  # harvest phases done (the clock of `final_reward_lag`)
-    # The latest final rewards' latencies (`final_latency`): seconds and policy versions.
+    # The latest final rewards' latencies (`final_latency`): seconds (since this process
+    # started: wall-clock, not checkpointed) and policy versions (checkpointed).
     self.latency: dict[str, list[float]] = {"seconds": [], "versions": []}
+    # Since the last `pop_final_seconds`: per final reward landed, its latency and wait (s).
+    self._final_seconds: dict[str, list[float]] = {"latency": [], "wait": []}
     self.cursor = 0
     self.phase = "harvest"
     self.rng_counter = 0
@@ -364,18 +368,27 @@ class AgentLoop:
     latency = {"seconds": now - stage_end, "versions": float(int(version) - behaviour)}
     for key, value in latency.items():
       self.latency[key] = (self.latency[key] + [value])[-_LATENCY_HISTORY:]
+    self._final_seconds["latency"].append(latency["seconds"])
+    self._final_seconds["wait"].append(now - t0)
     return {"reward/final": float(np.mean(final.rewards)),
             "train/pass_rate": float(np.mean(final.rewards >= 1.0)),
             "signal/tied_groups_final": float(np.mean(tied)),
-            "final/latency_s": latency["seconds"], "final/wait_s": now - t0,
             "final/latency_versions": latency["versions"]}
 
+  def pop_final_seconds(self) -> dict[str, float]:
+    """Of the final rewards landed since the last call, on the host's clock: the mean seconds
+    from the last stage scored to the final reward in the replay (`final/latency_s`) and the
+    mean seconds the loop waited for a due judgement (`final/wait_s`); {} if none landed."""
+    out = {f"final/{k}_s": float(np.mean(v)) for k, v in self._final_seconds.items() if v}
+    self._final_seconds = {"latency": [], "wait": []}
+    return out
+
   def final_latency(self) -> dict[str, float]:
-    """Mean and 95th percentile of the latest final rewards' latencies (up to 4,096 batches,
-    over resumes): `final/latency_s_mean`, `final/latency_s_p95` (seconds from the last stage
-    scored to the final reward in the replay; wall-clock), `final/latency_versions_mean` and
-    `final/latency_versions_p95` (policy versions from the last stage's sampling); {} before a
-    final reward has landed."""
+    """Mean and 95th percentile of the latest final rewards' latencies (up to 4,096 batches):
+    `final/latency_s_mean`, `final/latency_s_p95` (seconds from the last stage scored to the
+    final reward in the replay; wall-clock, since this process started or resumed),
+    `final/latency_versions_mean` and `final/latency_versions_p95` (policy versions from the
+    last stage's sampling; over resumes); {} before a final reward has landed."""
     out = {}
     for key, name in (("seconds", "s"), ("versions", "versions")):
       values = self.latency[key]
@@ -490,14 +503,14 @@ class AgentLoop:
   def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """`(arrays, meta)`: in-flight batches and those awaiting their final reward as generated
     tokens (`inflight.encode`: the slots' entries, then `finals`), the harvest count, counters,
-    stream position, the latest final-reward latencies."""
+    stream position, the latest final rewards' latencies in policy versions."""
     arrays, entries = inflight.encode(self.slots + self.finals)
     meta = {"slots": entries[:self.K], "finals": entries[self.K:], "cursor": self.cursor,
             "phase": self.phase, "harvests": self.harvests,
             "rng_counter": self.rng_counter, "next_batch_id": self.next_batch_id,
             "next_episode_id": self.next_episode_id, "next_group_id": self.next_group_id,
             "stream_position": self.stream.position, "counters": dict(self.counters),
-            "final_latency": {k: list(v) for k, v in self.latency.items()}}
+            "final_latency_versions": list(self.latency["versions"])}
     return arrays, meta
 
   def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -516,8 +529,8 @@ class AgentLoop:
     rows = inflight.decode_rows(arrays)  # per recorded row, in `state_dict`'s order
     self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
     self.harvests = int(meta["harvests"])
-    self.latency = {k: [float(x) for x in meta["final_latency"].get(k, [])]
-                    for k in ("seconds", "versions")}
+    self.latency = {"seconds": [],
+                    "versions": [float(x) for x in meta["final_latency_versions"]]}
     self.rng_counter = int(meta["rng_counter"])
     self.next_batch_id = int(meta["next_batch_id"])
     self.next_episode_id = int(meta["next_episode_id"])

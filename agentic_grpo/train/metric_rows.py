@@ -28,14 +28,15 @@ Every key of a row goes to `metrics.jsonl` and, as the same tag, to TensorBoard.
 * `replay/...` (per update, averaged, and running totals `replay/total_...`), `counts/...`
   and `loop/...` (running counters, summed over processes; `loop/episodes`: finished training
   episodes), `tokens_per_s`, `seconds` (since the run started).
-* `final/latency_s`, `final/latency_versions` and `final/wait_s`: of the final rewards fed to
+* `final/latency_versions`, `final/latency_s` and `final/wait_s`: of the final rewards fed to
   the replay since the last row (`agent.loop`: `rl.final_reward_lag` harvests after the last
-  stage), the mean seconds from the last stage scored to the final reward in the replay, the
-  policy versions from the last stage's sampling to it, and the seconds the loop waited for
-  a judge that was due but not done; `final/latency_s_mean`, `final/latency_s_p95`,
-  `final/latency_versions_mean` and `final/latency_versions_p95`: the same latencies over the
-  run so far (the latest 4,096 batches per process; processes' means averaged, their p95 the
-  highest).
+  stage), the mean policy versions from the last stage's sampling to the final reward in the
+  replay (all processes), and on process 0's clock the mean seconds from the last stage
+  scored to it and the seconds the loop waited for a judge that was due but not done;
+  `final/latency_versions_mean`, `final/latency_versions_p95`, `final/latency_s_mean` and
+  `final/latency_s_p95`: the same latencies over the run so far (the latest 4,096 batches per
+  process; the seconds since the process started or resumed; processes' means averaged, their
+  p95 the highest).
 * `rl/episodes_per_s`: training episodes finished since the last row per wall second of the
   interval (evaluation excluded, all processes); the final row adds `rl/seconds` (the RL
   phase's wall seconds so far, evaluation excluded, over resumes) and
@@ -136,6 +137,10 @@ def pipeline_shapes(update_stats: Sequence[dict[str, float]]) -> dict[str, float
 # The wall-clock keys of RL rows besides `PIPELINE_TIMES`, `seconds` and `tokens_per_s`.
 RL_TIMES = ("rl/episodes_per_s", "rl/seconds", "rl/episodes_per_s_phase", "final/latency_s",
             "final/wait_s", "final/latency_s_mean", "final/latency_s_p95")
+# Every wall-clock key of a row: they differ between otherwise identical runs (a resumed run
+# and an uninterrupted one, two processes), every other key must not.
+WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
+              *PIPELINE_TIMES, *RL_TIMES)
 # The run's final-reward latencies of an RL row, `final/<name>` (`AgentLoop.final_latency`).
 _LATENCY = ("latency_s_mean", "latency_s_p95", "latency_versions_mean", "latency_versions_p95")
 
