@@ -169,12 +169,14 @@ def _seed_from(warm: str, wd: str) -> None:
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
-            final_reward_lag: int = 0, episode_budget: int = 0,
+            final_reward_lag: int = 0, episode_budget: int = 0, learning_rate: float = 0.0,
             shared_warmstart: bool = False) -> list[str]:
   """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now.
 
   With `shared_warmstart` every seed of a task starts from seed 0's warm-start
   (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
+  `episode_budget` and `learning_rate` (the RL phase's `optim.learning_rate`, constant; the
+  warm-start keeps its own) replace the config's when > 0.
 
   Several invocations may share `root` (e.g. one per core): each run holds its workdir's lock
   (`run_lock`), an arm another invocation is running is skipped, and a warm-start another
@@ -199,6 +201,8 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
+        if learning_rate:
+          cfg.optim.learning_rate = learning_rate
         try:
           with run_lock.WorkdirLock(wd):  # never seed under a run in progress
             _seed_from(warm, wd)
@@ -226,7 +230,7 @@ def main(argv: Sequence[str]) -> None:
   run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
           num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
           final_reward_lag=_LAG.value, episode_budget=_BUDGET.value,
-          shared_warmstart=_SHARED.value)
+          learning_rate=_LR.value, shared_warmstart=_SHARED.value)
   ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
 
 
@@ -246,6 +250,8 @@ if __name__ == "__main__":
       "landing in the replay (rl.final_reward_lag), the same in every arm.")
   _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                  "Training episodes per run (0: the config's default).")
+  _LR = flags.DEFINE_float("learning_rate", 0.0, "The RL phase's constant learning rate in "
+                           "every arm (0: the config's default; the warm-start keeps its own).")
   _SHARED = flags.DEFINE_bool(
       "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
       "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")
