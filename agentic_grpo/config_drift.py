@@ -33,12 +33,13 @@ FIXED = frozenset({
     "workflow.stages", "workflow.prompt_format", "workflow.max_debug_rounds", "workflow.reference_debug",
     "workflow.reward_mode", "workflow.reference_fix_fraction",
     "workflow.reference_error_rate", "workflow.num_agent_tests",
-    "workflow.num_pieces", "workflow.final_reward_delay_s",
+    "workflow.num_pieces",
     "workflow.stage_rewards", "workflow.max_new_tokens", "workflow.max_obs_chars",
     "workflow.max_value_chars", "workflow.min_test_input_len",
     "rl.tasks_per_batch", "rl.group_size", "rl.batches_in_flight", "rl.rows_per_update",
     "rl.temperature", "rl.top_k", "rl.top_p", "rl.buckets",
     "rl.dynamic_sampling", "rl.dynamic_sampling_max_batches", "rl.pass_rate_filter",
+    "rl.final_reward_lag",
     "loss.eps_low", "loss.eps_high", "loss.ratio_level", "loss.aggregation", "loss.max_tokens",
     "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef", "loss.dual_clip",
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",
@@ -66,6 +67,8 @@ MAY_CHANGE = frozenset({
     "rl.pack_prefix", "rl.packed_buckets",  # the same update, in packed rows
     "model.attention_chunk",  # the same attention, computed in query chunks
     "rl.max_idle_batches", "rl.max_skipped_updates",
+    # The judge's speed: when a final reward lands is `rl.final_reward_lag`'s, not the judge's.
+    "workflow.final_reward_delay_s", "workflow.final_reward_jitter_s",
     "optim.max_consecutive_nonfinite",
     "eval.every", "eval.num_samples", "eval.k", "eval.temperature",
     "eval.headroom_tasks", "eval.headroom_train_tasks",

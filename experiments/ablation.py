@@ -64,9 +64,11 @@ DONE = ablation_report.DONE
 
 
 def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stages: int = 4,
-               final_reward_delay_s: float = 0.0) -> ml_collections.ConfigDict:
+               final_reward_delay_s: float = 0.0,
+               final_reward_lag: int = 0) -> ml_collections.ConfigDict:
   """The run config of one (task, arm, seed); `num_stages` and `final_reward_delay_s` apply to
-  the long-horizon task.
+  the long-horizon task, `final_reward_lag` (`rl.final_reward_lag`: agent-loop harvests from a
+  batch's last stage to its final reward in the replay) to both, the same in every arm.
 
   Raises:
     ValueError: for an unknown task or arm.
@@ -85,6 +87,7 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
   c.log.every = 1
   c.log.progress_bar = False
   c.checkpoint.every = 20
+  c.rl.final_reward_lag = final_reward_lag
   if task == "long_horizon":
     c.task.source = "long_horizon"
     c.task.depths = (num_stages,)
@@ -166,11 +169,14 @@ def _seed_from(warm: str, wd: str) -> None:
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
-            episode_budget: int = 0, shared_warmstart: bool = False) -> list[str]:
+            final_reward_lag: int = 0, episode_budget: int = 0, learning_rate: float = 0.0,
+            shared_warmstart: bool = False) -> list[str]:
   """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now.
 
   With `shared_warmstart` every seed of a task starts from seed 0's warm-start
   (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
+  `episode_budget` and `learning_rate` (the RL phase's `optim.learning_rate`, constant; the
+  warm-start keeps its own) replace the config's when > 0.
 
   Several invocations may share `root` (e.g. one per core): each run holds its workdir's lock
   (`run_lock`), an arm another invocation is running is skipped, and a warm-start another
@@ -178,7 +184,8 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
   """
   from agentic_grpo import train  # pylint: disable=g-import-not-at-top (JAX start-up)
   ran = []
-  options = dict(quick=quick, num_stages=num_stages, final_reward_delay_s=final_reward_delay_s)
+  options = dict(quick=quick, num_stages=num_stages, final_reward_delay_s=final_reward_delay_s,
+                 final_reward_lag=final_reward_lag)
   for task in tasks:
     for seed in seeds:  # seeds outermost: a partial ablation still pairs arms per seed
       todo = [a for a in arms
@@ -194,6 +201,8 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
+        if learning_rate:
+          cfg.optim.learning_rate = learning_rate
         try:
           with run_lock.WorkdirLock(wd):  # never seed under a run in progress
             _seed_from(warm, wd)
@@ -220,7 +229,8 @@ def main(argv: Sequence[str]) -> None:
   seeds = range(1 if _QUICK.value else _SEEDS.value)
   run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
           num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
-          episode_budget=_BUDGET.value, shared_warmstart=_SHARED.value)
+          final_reward_lag=_LAG.value, episode_budget=_BUDGET.value,
+          learning_rate=_LR.value, shared_warmstart=_SHARED.value)
   ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
 
 
@@ -235,8 +245,13 @@ if __name__ == "__main__":
   _STAGES = flags.DEFINE_integer("num_stages", 4, "K, pieces of a long-horizon task.")
   _DELAY = flags.DEFINE_float("final_reward_delay_s", 0.0,
                               "Latency of the long-horizon final judge (seconds).")
+  _LAG = flags.DEFINE_integer(
+      "final_reward_lag", 0, "Agent-loop harvests from a batch's last stage to its final reward "
+      "landing in the replay (rl.final_reward_lag), the same in every arm.")
   _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                  "Training episodes per run (0: the config's default).")
+  _LR = flags.DEFINE_float("learning_rate", 0.0, "The RL phase's constant learning rate in "
+                           "every arm (0: the config's default; the warm-start keeps its own).")
   _SHARED = flags.DEFINE_bool(
       "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
       "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")

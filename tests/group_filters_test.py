@@ -29,13 +29,10 @@ from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.models import placement
+from agentic_grpo.train import metric_rows
 from experiments import tiny_codegen
 
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
-               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
-               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
-               "rl/episodes_per_s_phase")
+_WALL_CLOCK = metric_rows.WALL_CLOCK
 
 
 def _micro(**overrides):

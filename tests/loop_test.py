@@ -1,6 +1,8 @@
 """Tests for agentic_grpo.agent.loop, with a scripted sampler (no model, real sandbox)."""
 
 import collections
+import threading
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -88,20 +90,24 @@ class LoopTest(parameterized.TestCase):
     super().tearDownClass()
 
   def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
-            in_flight=2):
+            in_flight=2, final_reward_lag=0, judge=None, **replay_options):
+    """A loop over the scripted sampler; `judge`: WorkflowConfig options of the final judge
+    (`final_reward_delay_s`, `final_reward_jitter_s`)."""
     counting = streams.CountingPool(self.pool)
-    factory = lambda: workflow_cls(workflow_config.WorkflowConfig(stage_rewards=stage_rewards),
-                                   counting)
+    factory = lambda: workflow_cls(workflow_config.WorkflowConfig(stage_rewards=stage_rewards,
+                                                                  **(judge or {})), counting)
     num_stages = factory().num_stages
     replay = replay_lib.StagedReplay(group_size=G, num_stages=num_stages,
-                                     stage_rewards=stage_rewards, skip_zero_advantage=False)
+                                     stage_rewards=stage_rewards, skip_zero_advantage=False,
+                                     **replay_options)
     stream = streams.TaskStream(lambda i: TASKS.task("train", i), pool_size=5, seed=1)
     sampler.tasks_by_prompt = {TASKS.task("train", i).prompt: TASKS.task("train", i)
                                for i in range(5)}
     agent = loop_lib.AgentLoop(
         workflow_factory=factory, tokenizer=TOK, replay=replay, stream=stream,
         sample_fn=sampler, tasks_per_batch=B, group_size=G, batches_in_flight=in_flight,
-        max_context=384, max_new_tokens=64, stage_rewards=stage_rewards)
+        max_context=384, max_new_tokens=64, stage_rewards=stage_rewards,
+        final_reward_lag=final_reward_lag)
     self.addCleanup(agent.close)
     return agent, replay, counting
 
@@ -179,10 +185,101 @@ class LoopTest(parameterized.TestCase):
     self.assertEqual(agent.counters["tied_groups_final"], 1)
     self.assertEqual(agent.counters["episodes"], B * G)
 
+  def test_slot_takes_a_new_batch_before_the_final_reward_arrives(self):
+    # The judge of the first batch is held until the next batch has sampled and been scored.
+    judge_may_finish = threading.Event()
+    real_finish = workflow_lib.Workflow.finish
+
+    def held_finish(wf, episodes):
+      judge_may_finish.wait(timeout=60)
+      return real_finish(wf, episodes)
+
+    self.enter_context(mock.patch.object(workflow_lib.Workflow, "finish", held_finish))
+    lag = 3
+    agent, replay, _ = self._loop(ScriptedSampler(), in_flight=1, final_reward_lag=lag)
+    n, s = agent.num_rows, agent.num_stages
+    seen = {}
+    for _ in range(2 * s):  # the first batch: every stage sampled, all but the last harvested
+      seen.update(agent.step(None, 0))
+    metrics = agent.step(None, 0)  # harvests its last stage; the slot takes a new batch
+    self.assertEqual(agent.slots[0].batch_id, 1)
+    self.assertEqual([b.batch_id for b in agent.finals], [0])
+    self.assertNotIn("reward/final", metrics)
+    for _ in range(2):  # the new batch's first stage: sampled and scored, the judge still held
+      metrics = agent.step(None, 1)
+      self.assertNotIn("reward/final", metrics)
+    self.assertIn("reward/hypothesis", metrics)
+    self.assertEqual(replay.num_pending_episodes, 2 * n)  # both batches await their outcome
+    self.assertEqual(agent.counters["episodes"], 0)
+    self.assertFalse(agent.finals[0].final_job.done())
+    judge_may_finish.set()
+    landed = []
+    for _ in range(2 * lag):
+      metrics = agent.step(None, 2)
+      landed.append("reward/final" in metrics)
+    # Due `lag` harvests after the last stage's: the new batch's first harvest was the first
+    # since, these steps sample, harvest (the second), sample, harvest (the third: it lands).
+    self.assertEqual(landed, [False, False, False, True, False, False])
+    self.assertEqual(agent.counters["episodes"], n)
+    self.assertEqual(metrics_final := agent.final_latency()["final/latency_versions_mean"], 2.0,
+                     metrics_final)
+    # Meanwhile the second batch ran through its stages: now it awaits its final reward.
+    self.assertEqual([b.batch_id for b in agent.finals], [1])
+
+  @parameterized.parameters((1, 2), (2, 2), (3, 2), (5, 2))
+  def test_late_final_reward_meets_the_staleness_bound(self, versions_late, max_staleness):
+    # Every stage of the first batch is sampled at version 0; its final reward lands
+    # `versions_late` versions later. Its corrections are taken at that version: within
+    # `max_staleness` they train, past it every one of its segments is dropped ('drop').
+    agent, replay, _ = self._loop(ScriptedSampler(), in_flight=1, final_reward_lag=2,
+                                  max_staleness=max_staleness, staleness_mode="drop")
+    kinds, dropped, landed = collections.Counter(), None, None
+    for i in range(2 * agent.num_stages + 8):
+      version = 0 if i < 2 * agent.num_stages else versions_late
+      before = replay.counters.get("stale_dropped_segments", 0)
+      metrics = agent.step(None, version)
+      while (b := replay.take(64, version, (384,))) is not None:
+        kinds.update(b.kinds)
+      if "reward/final" in metrics:
+        landed = metrics["final/latency_versions"]
+        dropped = replay.counters.get("stale_dropped_segments", 0) - before
+        corrections = kinds["correction"]
+    self.assertEqual(landed, versions_late)
+    if versions_late <= max_staleness:
+      self.assertEqual(dropped, 0)
+      self.assertEqual(corrections, B * G)  # one packed row per episode
+    else:
+      self.assertEqual(dropped, B * G * agent.num_stages)  # every segment of the batch
+      self.assertEqual(corrections, 0)
+
+  def test_processes_stay_in_lock_step_whatever_their_judges_take(self):
+    # Two loops as two processes: one judge answers at once, the other after a random wait.
+    # The final rewards land at the same harvests, so both take the same steps and feed their
+    # replays the same rows.
+    fast = self._loop(ScriptedSampler(), final_reward_lag=1)
+    slow = self._loop(ScriptedSampler(), final_reward_lag=1,
+                      judge={"final_reward_jitter_s": 0.3})
+    timing = ("final/latency_s", "final/wait_s")
+    landings = 0
+    for i in range(12 * fast[0].num_stages):
+      rows = []
+      for agent, replay, _ in (fast, slow):
+        metrics = agent.step(None, i // 2)
+        taken = replay.take(64, i // 2, (384,))
+        rows.append(({k: v for k, v in metrics.items() if k not in timing},
+                     (agent.phase, agent.cursor, agent.harvests, len(agent.finals)),
+                     None if taken is None else taken.update.tokens.tolist()))
+      self.assertEqual(rows[0], rows[1], f"step {i}")
+      landings += "reward/final" in rows[0][0]
+    self.assertGreaterEqual(landings, 3)
+    waited = slow[0].final_latency()["final/latency_s_mean"]
+    self.assertGreater(waited, fast[0].final_latency()["final/latency_s_mean"])
+
   # 7 steps: a job in flight, nothing harvested yet in its batch; 11: harvested stages that the
-  # restore replays in the sandbox.
-  @parameterized.parameters(7, 11)
-  def test_resume_matches_uninterrupted(self, stop):
+  # restore replays in the sandbox; 17 and 19 (final rewards 2 harvests late): one and two
+  # batches scored to their last stage, awaiting their final reward.
+  @parameterized.parameters((7, 0), (11, 0), (17, 2), (19, 2))
+  def test_resume_matches_uninterrupted(self, stop, lag):
     def run(agent, replay, steps, version0=0):
       taken = []
       for i in range(steps):
@@ -192,12 +289,13 @@ class LoopTest(parameterized.TestCase):
           taken.append((b.update.tokens.copy(), b.update.advantages.copy()))
       return taken
 
-    a_loop, a_replay, _ = self._loop(ScriptedSampler())
+    a_loop, a_replay, _ = self._loop(ScriptedSampler(), final_reward_lag=lag)
     run(a_loop, a_replay, stop)  # Stops mid-episode, with a sandbox job in flight.
     a_loop.pop_counts()  # what a metrics row before the checkpoint logged
     arrays, meta = a_loop.state_dict()
+    self.assertLen(meta["finals"], {7: 0, 11: 0, 17: 1, 19: 2}[stop])
     r_arrays, r_meta = a_replay.state_dict()
-    b_loop, b_replay, _ = self._loop(ScriptedSampler())
+    b_loop, b_replay, _ = self._loop(ScriptedSampler(), final_reward_lag=lag)
     b_replay.load_state_dict(r_arrays, r_meta)
     b_loop.load_state_dict(arrays, meta)
     # The scripted sampler is a pure function of its inputs and the RNG counter.

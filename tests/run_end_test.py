@@ -22,6 +22,7 @@ import time
 from absl.testing import absltest
 
 from agentic_grpo import exit_codes
+from agentic_grpo.train import metric_rows
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -38,11 +39,7 @@ _MICRO = (
     "--config.checkpoint.every=0", "--config.log.progress_bar=False",
     "--config.log.tensorboard=False", "--config.log.plot=False", "--config.mesh.data=1",
 )
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
-               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
-               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
-               "rl/episodes_per_s_phase")
+_WALL_CLOCK = metric_rows.WALL_CLOCK
 
 
 def _command(workdir: str, *overrides: str) -> list[str]:

@@ -56,6 +56,32 @@ class RunSummaryTest(absltest.TestCase):
                      "0.200 -> 0.500")
     self.assertEqual(metric_rows.summary_line({}, group_size=8, temperature=0.5), "")
 
+  def test_final_reward_latency_over_processes_and_in_the_summary(self):
+    def process(latency):
+      return {"harvest": {}, "stats": [], "counts": {}, "loop": {}, "position": 0, "epoch": 0,
+              "replay": {k: 0 for k in metric_rows.REPLAY_TOTALS}, "final_latency": latency}
+
+    def latency(s_mean, s_p95, v_mean, v_p95):
+      return {"final/latency_s_mean": s_mean, "final/latency_s_p95": s_p95,
+              "final/latency_versions_mean": v_mean, "final/latency_versions_p95": v_p95}
+
+    # Means averaged over the processes that have one, p95 the highest.
+    row = metric_rows.rl_row([process(latency(1.0, 2.0, 3.0, 4.0)),
+                              process(latency(3.0, 5.0, 1.0, 2.0)), process({})], [])
+    self.assertEqual({k: v for k, v in row.items() if k.startswith("final/")},
+                     latency(2.0, 5.0, 2.0, 4.0))
+    self.assertNotIn("final/latency_s_mean", metric_rows.rl_row([process({})], []))
+    history = _history()
+    history[-1].update(latency(2.0, 5.0, 2.0, 4.0))
+    summary = metric_rows.run_summary(history)
+    self.assertEqual(summary["final_latency_versions_p95"], 4.0)
+    line = metric_rows.summary_line(summary, group_size=8, temperature=0.5)
+    self.assertTrue(line.endswith("; RL 4.5 episodes/s; final reward 2.00 s (p95 5.00 s), "
+                                  "2.0 versions (p95 4.0) after the last stage"), line)
+    # Seconds are wall-clock keys; versions are not.
+    self.assertIn("final/latency_s_p95", metric_rows.WALL_CLOCK)
+    self.assertNotIn("final/latency_versions_p95", metric_rows.WALL_CLOCK)
+
 
 if __name__ == "__main__":
   absltest.main()

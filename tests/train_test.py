@@ -32,6 +32,7 @@ from agentic_grpo.replay import batching
 from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import metric_rows
 from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
@@ -119,11 +120,7 @@ class SignalingWorkflow(workflow_lib.Workflow):
     return super().close_stage(episodes, outputs)
 
 
-_WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
-               "pipeline/wall_seconds", "pipeline/learner_busy_fraction",
-               "pipeline/sampler_busy_fraction", "pipeline/sandbox_busy_fraction",
-               "pipeline/learner_idle_fraction", "rl/episodes_per_s", "rl/seconds",
-               "rl/episodes_per_s_phase")
+_WALL_CLOCK = metric_rows.WALL_CLOCK
 
 
 def _history(workdir):
@@ -292,15 +289,16 @@ class TrainTest(parameterized.TestCase):
     self.assertBetween(update.num_traces, 1, len(batching.row_buckets(cfg.rl.rows_per_update)))
 
   def test_resume_equals_uninterrupted(self):
-    # A pool of 2 training tasks and one task per batch: epochs end every 2 batches.
+    # A pool of 2 training tasks and one task per batch: epochs end every 2 batches. Final
+    # rewards land a harvest after their last stage, so some stops leave one pending.
     cfg = _micro(tiny_codegen, **{"warmstart.steps": 2, "rl.num_steps": 6,
                                   "task.train_size": 2, "eval.num_samples": 0,
-                                  "checkpoint.every": 0})
+                                  "checkpoint.every": 0, "rl.final_reward_lag": 1})
     total = 8
     full = self.create_tempdir().full_path
     train.run(cfg, full, pool=self.pool)
     want = self._final(full, cfg)
-    positions = []
+    positions, pending_finals = [], []
     # Mid-warm-start, then mid-RL; right after the phase change; and mid-RL from a checkpoint
     # in an earlier version's layout (no `master` node, no metric counters in the meta).
     for stops, earlier in (((1, 5), False), ((3,), False), ((5,), True)):
@@ -315,6 +313,7 @@ class TrainTest(parameterized.TestCase):
         meta = self._final(parts, cfg)[2]
         if meta["phase"] == "rl":
           positions.append(meta["data_position"])
+          pending_finals.append(len(meta["loop"]["finals"]))
       if earlier:
         directory = os.path.join(parts, "checkpoints")
         old_checkpoints.downgrade_to_pre_master(directory, stops[-1])
@@ -339,6 +338,8 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual(want[2]["step"], total)
     # Some RL stop fell right on an epoch boundary of the 2-task pool.
     self.assertTrue(any(p > 0 and p % 2 == 0 for p in positions), positions)
+    # Some RL stop left a batch scored to its last stage, its final reward pending.
+    self.assertTrue(any(pending_finals), pending_finals)
 
   def test_kl_run_resumes_in_both_phases(self):
     # With a reference-KL penalty the reference policy exists from the RL phase on: a run
@@ -472,7 +473,8 @@ class TrainTest(parameterized.TestCase):
         np.testing.assert_array_equal(wh[group][k], gh[group][k], err_msg=f"{group}/{k}")
     for key in ("step", "phase", "data_position", "replay"):
       self.assertEqual(wm[key], gm[key], msg=f"meta {key}, stops {stops}")
-    loop_keys = ("slots", "cursor", "phase", "rng_counter", "stream_position", "next_episode_id")
+    loop_keys = ("slots", "finals", "harvests", "cursor", "phase", "rng_counter",
+                 "stream_position", "next_episode_id")
     for key in loop_keys:
       self.assertEqual(wm["loop"][key], gm["loop"][key], msg=f"loop {key}, stops {stops}")
 

@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import sys
+import time
 import types
 from unittest import mock
 
@@ -116,8 +117,14 @@ class WandbTest(absltest.TestCase):
       writer.close()
     runs = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))
     self.assertLen(runs, 1)
-    with open(runs[0], "rb") as f:
-      data = f.read()
+    # W&B's service writes the run file after `finish` returns: wait for its records.
+    deadline = time.monotonic() + 60
+    while True:
+      with open(runs[0], "rb") as f:
+        data = f.read()
+      if b"transcripts" in data or time.monotonic() > deadline:
+        break
+      time.sleep(0.2)
     self.assertIn(b"eval/pass_at_1", data)
     self.assertIn(b"transcripts", data)
     self.assertTrue(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "files", "media",

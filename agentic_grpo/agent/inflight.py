@@ -3,7 +3,8 @@
 An `InFlightBatch` is one batch of `N = B * G` episodes between stages: its ids, its workflow
 and episodes, the token context of every episode, the stages sampled and harvested so far
 (`Sampled`: generated ids and behaviour log-probs, ragged per episode) and the one sampled
-stage whose sandbox job may be running.
+stage whose sandbox job may be running. Once its last stage is harvested it leaves its slot and
+waits for its final reward (`final_job`, fed to the replay at the loop's harvest `final_due`).
 
 A checkpoint records only what the sampler produced: every stage's generated ids and
 log-probs (`encode`: flat arrays, one ragged row per episode and stage) and each batch's ids
@@ -26,6 +27,9 @@ from agentic_grpo.checkpoint import records
 Row = tuple[np.ndarray, np.ndarray]
 # The keys of an `encode` entry, all required to restore the batch.
 ENTRY_KEYS = ("batch_id", "positions", "group_ids", "episode_ids", "done", "stages", "pending")
+# The key of an entry awaiting its final reward: the loop harvest at which it is due (absent or
+# None for a batch in a slot).
+FINAL_DUE = "final_due"
 
 
 @dataclasses.dataclass
@@ -52,6 +56,10 @@ class InFlightBatch:
   pending: Optional[Sampled] = None
   job: Optional[concurrent.futures.Future] = None
   done: bool = False
+  # After the last stage's harvest: the final judgement's job and the loop harvest at which its
+  # result is fed to the replay.
+  final_job: Optional[concurrent.futures.Future] = None
+  final_due: Optional[int] = None
 
   @property
   def next_stage(self) -> int:
@@ -84,7 +92,7 @@ def encode(slots: Sequence[Optional[InFlightBatch]]
         "batch_id": slot.batch_id, "positions": slot.positions, "group_ids": slot.group_ids,
         "episode_ids": slot.episode_ids, "done": slot.done,
         "stages": [[s.stage, s.version, s.sampled.tolist()] for s in stages],
-        "pending": slot.pending is not None,
+        "pending": slot.pending is not None, FINAL_DUE: slot.final_due,
     })
   cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
   arrays = {"gen": cat(gen_all, np.int32), "logprobs": cat(lp_all, np.float32),

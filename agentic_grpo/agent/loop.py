@@ -13,26 +13,43 @@ Pipelining. `batches_in_flight` episode batches are in flight. The loop is a sma
 whose every call to `step` does one action on one batch, round-robin:
 
 * `harvest`: wait for that batch's sandbox job (scoring of the stage it sampled last time, plus
-  the next stage's opening or the final reward) and feed the results to the replay; a finished
-  batch is replaced by a new one from the task stream;
+  the next stage's opening) and feed the results to the replay; a batch whose last stage this
+  scored leaves its slot, which takes a new batch from the task stream at once; then feed the
+  replay every final reward that is due (below);
 * `sample`: sample that batch's next stage on the device and submit its sandbox job to a
   background thread.
+
+Final rewards arrive late. A batch's final judgement (its last code on the hidden tests, and a
+remote judge's `workflow.final_reward_delay_s`) is a job of its own, queued as soon as its last
+stage is scored, so a slow judge holds no batch slot: the loop goes on sampling and scoring
+the next batches, and the learner on updating from their stages. Its result is fed to the
+replay (`StagedReplay.finish`: the corrections, or outcome-only rows) at the harvest
+`final_reward_lag` harvests after its last stage's, waiting for the judge there if it has not
+finished (`final/wait_s`). Counting in harvests rather than seconds keeps a run deterministic,
+and processes in lock-step, whatever the judge's speed; the rows it readies then meet the
+importance ratio and the staleness bound against the policy version of their update like any
+other. Each landing reports `final/latency_versions` (policy versions from the last stage's
+sampling to the final reward in the replay, with the harvest's metrics) and, on the host's
+clock, its seconds from the last stage scored and the seconds the loop waited for it
+(`pop_final_seconds`, `final_latency`). With `final_reward_lag=0` the final reward lands right after its last stage,
+in the same harvest (the loop waits for the whole judgement).
 
 Between calls the trainer runs learner updates on whatever the replay made ready, so (i) the
 provisional update of a stage is applied before that batch's next stage is sampled, and (ii) the
 sandbox work of one batch overlaps with sampling and learning on the others. Jobs are harvested
 in a fixed order, so a run is deterministic given its seed; the loop's whole state (in-flight
-episodes as generated tokens, RNG counter, task-stream position) round-trips through
-`state_dict`, and restoring replays the workflow on the recorded outputs, resubmitting any job
-that was in flight.
+episodes as generated tokens, batches awaiting their final reward, RNG counter, task-stream
+position) round-trips through `state_dict`, and restoring replays the workflow on the recorded
+outputs, resubmitting any job that was in flight and every pending final judgement.
 
 Multi-process runs: every process runs its own `AgentLoop` on its own shard of the task stream
 (`streams.TaskStream(shard_index=, shard_count=)`), with its own sandbox work and its own
 replay. The loop takes no decision from other processes' state, but its `sample_fn` is a
 collective there (one sampler program over every process's rows), so all processes must call
 `step` (and `run_episodes`) in lock-step: the same number of times, in the same order. The
-state machine (phase, cursor) advances identically everywhere, whatever the sandbox results, so
-a trainer that agrees on when to update keeps them in step.
+state machine (phase, cursor, harvest count, when each final reward lands) advances identically
+everywhere, whatever the sandbox results and however long each process's judge takes, so a
+trainer that agrees on when to update keeps them in step.
 
 Robustness: parser and reward exceptions are caught by the workflow and counted; sandbox
 verdicts (timeouts, memory, crashes) are counted per batch (`streams.CountingPool` around each
@@ -44,6 +61,7 @@ rewards as 0, which nets out its provisional updates) and is counted. None of th
 import collections
 import concurrent.futures
 import json
+import time
 from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
@@ -65,6 +83,10 @@ SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, 
 # The keys of `AgentLoop.state_dict`'s meta, all required to restore.
 _STATE_KEYS = ("slots", "cursor", "phase", "rng_counter", "next_batch_id", "next_episode_id",
                "next_group_id", "stream_position", "counters")
+# Keys an earlier version did not write (it had no batch awaiting a final reward).
+_STATE_DEFAULTS = {"finals": [], "harvests": 0, "final_latency_versions": []}
+# The most recent final-reward latencies kept for the run's mean and p95 (`final_latency`).
+_LATENCY_HISTORY = 4096
 
 
 class AgentLoop:
@@ -85,17 +107,25 @@ class AgentLoop:
     max_new_tokens: tokens generated per stage at most (the sampler's setting).
     stage_rewards: False marks every stage valid for the replay regardless of the workflow's
       `valid` (outcome-only GRPO: stage rewards unused, every segment gets the outcome).
+    final_reward_lag: harvests from a batch's last stage being scored to its final reward
+      landing in the replay (>= 0; module docstring).
     executor: runs sandbox jobs (default: a thread pool of K threads).
+
+  Raises:
+    ValueError: a count below its minimum, `max_context <= max_new_tokens`, or a replay of
+      another group size or number of stages.
   """
 
   def __init__(self, *, workflow_factory: Callable[[], workflow_lib.Workflow], tokenizer,
                replay: replay_lib.StagedReplay, stream: streams.TaskStream, sample_fn: SampleFn,
                tasks_per_batch: int, group_size: int, batches_in_flight: int,
                max_context: int, max_new_tokens: int, stage_rewards: bool = True,
+               final_reward_lag: int = 0,
                executor: Optional[concurrent.futures.Executor] = None):
     for name, v, lo in (("tasks_per_batch", tasks_per_batch, 1), ("group_size", group_size, 1),
                         ("batches_in_flight", batches_in_flight, 1),
-                        ("max_new_tokens", max_new_tokens, 1)):
+                        ("max_new_tokens", max_new_tokens, 1),
+                        ("final_reward_lag", final_reward_lag, 0)):
       if v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")
     if max_context <= max_new_tokens:
@@ -113,6 +143,7 @@ class AgentLoop:
     self.max_context = int(max_context)
     self.max_new_tokens = int(max_new_tokens)
     self.stage_rewards = bool(stage_rewards)
+    self.final_lag = int(final_reward_lag)
     self.num_stages = workflow_factory().num_stages
     if replay.num_stages != self.num_stages:
       raise ValueError(f"replay.num_stages ({replay.num_stages}) must equal the workflow's "
@@ -120,7 +151,19 @@ class AgentLoop:
     self._own_executor = executor is None
     self._executor = executor or concurrent.futures.ThreadPoolExecutor(
         max_workers=self.K, thread_name_prefix="agent-loop")
+    # Final judgements: one thread per job that can be queued at once (one per slot whose last
+    # stage is being scored, and those scored but not yet due), so none waits for a thread.
+    self._final_executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=self.K + self.final_lag + 1, thread_name_prefix="agent-loop-final")
     self.slots: list[Optional[inflight.InFlightBatch]] = [None] * self.K
+    # Batches whose last stage is scored, awaiting their final reward, in the order they are due.
+    self.finals: list[inflight.InFlightBatch] = []
+    self.harvests = 0  # harvest phases done (the clock of `final_reward_lag`)
+    # The latest final rewards' latencies (`final_latency`): seconds (since this process
+    # started: wall-clock, not checkpointed) and policy versions (checkpointed).
+    self.latency: dict[str, list[float]] = {"seconds": [], "versions": []}
+    # Since the last `pop_final_seconds`: per final reward landed, its latency and wait (s).
+    self._final_seconds: dict[str, list[float]] = {"latency": [], "wait": []}
     self.cursor = 0
     self.phase = "harvest"
     self.rng_counter = 0
@@ -144,14 +187,18 @@ class AgentLoop:
   def step(self, params, version: int) -> dict[str, float]:
     """Does the next action (`self.phase`) on the batch at `self.cursor`; returns metrics.
 
-    `harvest` may block on a sandbox job; `sample` runs the sampler with `params`, recording
-    `version` as the behaviour policy version of the stage.
+    `harvest` may block on a sandbox job, and on a final judgement that is due; `sample` runs
+    the sampler with `params`, recording `version` as the behaviour policy version of the
+    stage (a final reward landing in a harvest counts its latency up to `version`).
     """
     if self.phase == "harvest":
       metrics = {}
       slot = self.slots[self.cursor]
       if slot is not None and slot.job is not None:
         metrics = self._harvest(slot)
+      while self.finals and self.finals[0].final_due <= self.harvests:
+        metrics.update(self._land_final(self.finals.pop(0), version))
+      self.harvests += 1
       if slot is None or slot.done:
         self.slots[self.cursor] = self._new_batch()
       self.phase = "sample"
@@ -244,16 +291,22 @@ class AgentLoop:
 
   def _submit(self, slot: inflight.InFlightBatch,
               sampled: inflight.Sampled) -> concurrent.futures.Future:
+    """Submits the sandbox job of a sampled stage; after the last stage's, queues the final
+    judgement to run as soon as it is done."""
     outputs = [self.tokenizer.decode(g.tolist()) for g in sampled.gen]
     last = sampled.stage == self.num_stages - 1
-    return self._executor.submit(_env_job, slot.workflow, slot.episodes, outputs, last)
+    job = self._executor.submit(_env_job, slot.workflow, slot.episodes, outputs, last)
+    if last:
+      slot.final_job = self._final_executor.submit(_final_job, slot.workflow, slot.episodes,
+                                                   job)
+    return job
 
   def _harvest(self, slot: inflight.InFlightBatch) -> dict[str, float]:
     """Feeds the finished sandbox job of `slot` to the replay; returns metrics."""
     sampled = slot.pending
     k = sampled.stage
     try:
-      result, follow = slot.job.result()
+      result, follow, errors, verdicts, _ = slot.job.result()
     except Exception:  # pylint: disable=broad-except
       logging.exception("agent loop: sandbox job of batch %d stage %d failed", slot.batch_id, k)
       self.counters["job_failures"] += 1
@@ -261,8 +314,8 @@ class AgentLoop:
       return self._abandon(slot)
     slot.job = None
     slot.pending = None
-    self._errors.update(slot.workflow.pop_error_counts())
-    self._verdicts.update(slot.workflow.pool.pop_counts())
+    self._errors.update(errors)
+    self._verdicts.update(verdicts)
     name = slot.workflow.stage_names[k]
     rows, masks, blps = [], [], []
     for i in range(self.num_rows):
@@ -280,20 +333,69 @@ class AgentLoop:
                f"parsed/{name}": float(np.mean(result.parsed)),
                f"signal/tied_groups_{name}": float(np.mean(self._tied(result.rewards, scored))),
                "generated_tokens": float(sum(len(g) for g in sampled.gen))}
-    if k == self.num_stages - 1:
-      final = follow
-      self.replay.finish(slot.episode_ids, final.rewards)
+    if k == self.num_stages - 1:  # The slot is free; the final reward lands when due.
       slot.done = True
-      self.last_finished = (slot.episodes, final, sampled.version)
-      tied = self._tied(final.rewards, np.ones(self.num_rows, bool))
-      metrics["reward/final"] = float(np.mean(final.rewards))
-      metrics["train/pass_rate"] = float(np.mean(final.rewards >= 1.0))
-      metrics["signal/tied_groups_final"] = float(np.mean(tied))
-      self.counters["episodes"] += self.num_rows
-      self.counters["tied_groups_final"] += int(tied.sum())
+      slot.final_due = self.harvests + self.final_lag
+      self.finals.append(slot)
     else:
       slot.context = [list(r) + list(self.tokenizer.encode(o)) for r, o in zip(rows, follow)]
     return metrics
+
+  def _land_final(self, batch: inflight.InFlightBatch, version: int) -> dict[str, float]:
+    """Feeds a due final judgement to the replay (waiting for it); returns metrics. A judgement
+    that fails as a whole gives final rewards 0 (netting out the batch's provisional updates),
+    as an abandoned batch does."""
+    t0 = time.monotonic()
+    try:
+      final, errors, verdicts, stage_end = batch.final_job.result()
+    except Exception:  # pylint: disable=broad-except
+      logging.exception("agent loop: final judgement of batch %d failed", batch.batch_id)
+      self.counters["job_failures"] += 1
+      self._verdicts.update(batch.workflow.pool.pop_counts())
+      self.replay.finish(batch.episode_ids, np.zeros(self.num_rows))
+      batch.final_job = None
+      return {"loop/abandoned_batches": 1.0}
+    now = time.monotonic()
+    batch.final_job = None
+    self._errors.update(errors)
+    self._verdicts.update(verdicts)
+    self.replay.finish(batch.episode_ids, final.rewards)
+    behaviour = batch.history[-1].version
+    self.last_finished = (batch.episodes, final, behaviour)
+    tied = self._tied(final.rewards, np.ones(self.num_rows, bool))
+    self.counters["episodes"] += self.num_rows
+    self.counters["tied_groups_final"] += int(tied.sum())
+    latency = {"seconds": now - stage_end, "versions": float(int(version) - behaviour)}
+    for key, value in latency.items():
+      self.latency[key] = (self.latency[key] + [value])[-_LATENCY_HISTORY:]
+    self._final_seconds["latency"].append(latency["seconds"])
+    self._final_seconds["wait"].append(now - t0)
+    return {"reward/final": float(np.mean(final.rewards)),
+            "train/pass_rate": float(np.mean(final.rewards >= 1.0)),
+            "signal/tied_groups_final": float(np.mean(tied)),
+            "final/latency_versions": latency["versions"]}
+
+  def pop_final_seconds(self) -> dict[str, float]:
+    """Of the final rewards landed since the last call, on the host's clock: the mean seconds
+    from the last stage scored to the final reward in the replay (`final/latency_s`) and the
+    mean seconds the loop waited for a due judgement (`final/wait_s`); {} if none landed."""
+    out = {f"final/{k}_s": float(np.mean(v)) for k, v in self._final_seconds.items() if v}
+    self._final_seconds = {"latency": [], "wait": []}
+    return out
+
+  def final_latency(self) -> dict[str, float]:
+    """Mean and 95th percentile of the latest final rewards' latencies (up to 4,096 batches):
+    `final/latency_s_mean`, `final/latency_s_p95` (seconds from the last stage scored to the
+    final reward in the replay; wall-clock, since this process started or resumed),
+    `final/latency_versions_mean` and `final/latency_versions_p95` (policy versions from the
+    last stage's sampling; over resumes); {} before a final reward has landed."""
+    out = {}
+    for key, name in (("seconds", "s"), ("versions", "versions")):
+      values = self.latency[key]
+      if values:
+        out[f"final/latency_{name}_mean"] = float(np.mean(values))
+        out[f"final/latency_{name}_p95"] = float(np.percentile(values, 95))
+    return out
 
   def transcripts(self, n: int) -> list[dict[str, Any]]:
     """The first `n` episodes of the newest finished training batch as JSON objects ([] before
@@ -338,7 +440,9 @@ class AgentLoop:
                             [np.zeros((0,), np.float32)] * self.num_rows, 0,
                             np.zeros(self.num_rows), np.zeros(self.num_rows, bool))
     self.replay.finish(slot.episode_ids, np.zeros(self.num_rows))
-    slot.job, slot.pending, slot.done = None, None, True
+    if slot.final_job is not None:  # it fails with the stage job it waits for
+      slot.final_job.cancel()
+    slot.job, slot.pending, slot.done, slot.final_job = None, None, True, None
     return {"loop/abandoned_batches": 1.0}
 
   def pop_counts(self) -> dict[str, float]:
@@ -397,38 +501,46 @@ class AgentLoop:
   # ------------------------------------------------------------------------------- state
 
   def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """`(arrays, meta)`: in-flight batches as generated tokens (`inflight.encode`), counters,
-    stream position."""
-    arrays, slots_meta = inflight.encode(self.slots)
-    meta = {"slots": slots_meta, "cursor": self.cursor, "phase": self.phase,
+    """`(arrays, meta)`: in-flight batches and those awaiting their final reward as generated
+    tokens (`inflight.encode`: the slots' entries, then `finals`), the harvest count, counters,
+    stream position, the latest final rewards' latencies in policy versions."""
+    arrays, entries = inflight.encode(self.slots + self.finals)
+    meta = {"slots": entries[:self.K], "finals": entries[self.K:], "cursor": self.cursor,
+            "phase": self.phase, "harvests": self.harvests,
             "rng_counter": self.rng_counter, "next_batch_id": self.next_batch_id,
             "next_episode_id": self.next_episode_id, "next_group_id": self.next_group_id,
-            "stream_position": self.stream.position, "counters": dict(self.counters)}
+            "stream_position": self.stream.position, "counters": dict(self.counters),
+            "final_latency_versions": list(self.latency["versions"])}
     return arrays, meta
 
   def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     """Restores in-flight batches by replaying the workflow on their recorded outputs.
 
     The replay's own state must be restored separately (it already holds the harvested
-    stages); a job that was in flight is resubmitted.
+    stages); a job that was in flight is resubmitted, and so is the final judgement of every
+    batch that awaited one (due at the same harvest as before).
 
     Raises:
       ValueError: if the state has another number of batches in flight than the loop.
       checkpoint_records.RecordError: `meta` lacks a key (none has a safe default: the ids
         and counters decide the next episodes and `rl.episode_budget`).
     """
-    meta = records.read(meta, "meta.loop", required=_STATE_KEYS)
+    meta = records.read(meta, "meta.loop", required=_STATE_KEYS, defaults=_STATE_DEFAULTS)
     rows = inflight.decode_rows(arrays)  # per recorded row, in `state_dict`'s order
     self.cursor, self.phase = int(meta["cursor"]), meta["phase"]
+    self.harvests = int(meta["harvests"])
+    self.latency = {"seconds": [],
+                    "versions": [float(x) for x in meta["final_latency_versions"]]}
     self.rng_counter = int(meta["rng_counter"])
     self.next_batch_id = int(meta["next_batch_id"])
     self.next_episode_id = int(meta["next_episode_id"])
     self.next_group_id = int(meta["next_group_id"])
     self.stream.position = int(meta["stream_position"])
     self.counters = collections.Counter(meta["counters"])
+    if len(meta["slots"]) != self.K:
+      raise ValueError(f"state has {len(meta['slots'])} slots, the loop has {self.K}")
     self.slots = [None if sm is None else self._restore_batch(sm, rows) for sm in meta["slots"]]
-    if len(self.slots) != self.K:
-      raise ValueError(f"state has {len(self.slots)} slots, the loop has {self.K}")
+    self.finals = [self._restore_batch(sm, rows) for sm in meta["finals"]]
 
   def _restore_batch(self, sm: dict[str, Any], rows) -> inflight.InFlightBatch:
     """One in-flight batch from its `state_dict` entry; consumes its rows from `rows`."""
@@ -437,34 +549,55 @@ class AgentLoop:
     slot = self._start_batch(sm["batch_id"], sm["positions"], tasks,
                              (sm["group_ids"], sm["episode_ids"]))
     stages = inflight.decode_stages(sm, rows, self.num_rows)
-    if sm["done"]:  # Fully harvested: replaced at its next visit, nothing to rebuild.
+    due = sm.get(inflight.FINAL_DUE)
+    if sm["done"] and due is None:  # Fully harvested: replaced at its next visit.
       slot.done = True
       return slot
     harvested = stages[:-1] if sm["pending"] else stages
     for s in harvested:
+      # The errors and verdicts were counted when the stages were first harvested.
       outputs = [self.tokenizer.decode(g.tolist()) for g in s.gen]
-      _, follow = _env_job(slot.workflow, slot.episodes, outputs,
-                           s.stage == self.num_stages - 1)
+      follow = _env_job(slot.workflow, slot.episodes, outputs,
+                        s.stage == self.num_stages - 1)[1]
       slot.history.append(s)
       if s.stage < self.num_stages - 1:
         slot.context = [list(c) + g.tolist() + list(self.tokenizer.encode(o))
                         for c, g, o in zip(slot.context, s.gen, follow)]
-    # The replay's errors and verdicts were counted when the stages were first harvested.
-    slot.workflow.pop_error_counts()
-    slot.workflow.pool.pop_counts()
     if sm["pending"]:
       slot.pending = stages[-1]
       slot.job = self._submit(slot, slot.pending)
+    if due is not None:  # Scored to its last stage: its final judgement runs again.
+      slot.done, slot.final_due = True, int(due)
+      slot.final_job = self._final_executor.submit(_final_job, slot.workflow, slot.episodes)
     return slot
 
   def close(self) -> None:
-    """Waits for in-flight sandbox jobs and stops the loop's own executor."""
+    """Waits for in-flight sandbox jobs and final judgements (those not started are dropped)
+    and stops the loop's executors (the given `executor` is left running)."""
     if self._own_executor:
       self._executor.shutdown(wait=True)
+    self._final_executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _env_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool):
-  """Background sandbox work: close the stage, then open the next one or score the episode."""
+  """Background sandbox work: close the stage, then open the next one (None after the last).
+
+  Returns `(StageResult, openings or None, error counts, sandbox verdicts, monotonic seconds at
+  the end)`: the counts are this job's own (the batch's jobs run one after the other).
+  """
   result = wf.close_stage(episodes, outputs)
-  follow = wf.finish(episodes) if last else wf.open_stage(episodes)
-  return result, follow
+  follow = None if last else wf.open_stage(episodes)
+  return result, follow, wf.pop_error_counts(), wf.pool.pop_counts(), time.monotonic()
+
+
+def _final_job(wf: workflow_lib.Workflow, episodes,
+               last_stage: Optional[concurrent.futures.Future] = None):
+  """Background final judgement, after the last stage's job `last_stage` (if given; its
+  failure fails this job).
+
+  Returns `(FinalResult, error counts, sandbox verdicts, monotonic seconds when the last stage
+  was scored)` (now, without `last_stage`: a judgement resubmitted on restore).
+  """
+  stage_end = last_stage.result()[-1] if last_stage is not None else time.monotonic()
+  final = wf.finish(episodes)
+  return final, wf.pop_error_counts(), wf.pool.pop_counts(), stage_end

@@ -45,6 +45,7 @@ gives the ideal episode (for the supervised warm start) without running anything
 """
 
 import collections
+import random
 import time
 from typing import Any, Callable, Sequence
 
@@ -97,6 +98,8 @@ class Workflow:
         stage for kind in config.stages
         for stage in stages_lib.STAGES.get(kind).expand(config, self.prompt_format))
     self.error_counts: collections.Counter = collections.Counter()
+    # The judge's varying latency (`final_reward_jitter_s`): its own generator, not the seed's.
+    self._jitter = random.Random()
 
   @property
   def stage_names(self) -> tuple[str, ...]:
@@ -244,8 +247,11 @@ class Workflow:
     for i, ep in enumerate(episodes):
       if ep.pending_opening is not None:
         raise ValueError(f"episodes[{i}] has an open stage; close it before finish")
-    if self.config.final_reward_delay_s:
-      time.sleep(self.config.final_reward_delay_s)  # a slow judge
+    delay = self.config.final_reward_delay_s  # a slow judge
+    if self.config.final_reward_jitter_s:
+      delay += self._jitter.uniform(0.0, self.config.final_reward_jitter_s)
+    if delay:
+      time.sleep(delay)
     guard = execution.Guard(FINAL, self.error_counts)
     programs = [None if ep.code is None
                 else guard(lambda ep=ep: execution.hidden_program(

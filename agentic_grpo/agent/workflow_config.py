@@ -66,8 +66,13 @@ class WorkflowConfig:
     num_pieces: K (>= 2), the stages of the `pieces` kind: one per piece of a long-horizon task
       (must equal the tasks' `task.depths`).
     final_reward_delay_s: seconds the final reward waits before it is computed (>= 0): a slow
-      remote judge. The agent loop computes it in its background job, so with several episode
-      batches in flight only the finishing batch (and evaluation) waits.
+      remote judge, on top of what the hidden tests themselves cost. The agent loop computes
+      it in a background job of its own; when it lands in the replay is the loop's
+      `rl.final_reward_lag`, not the judge's speed (`agent.loop`).
+    final_reward_jitter_s: a further wait drawn uniformly in `[0, final_reward_jitter_s]`
+      seconds per final judgement (>= 0), from a generator of its own (not the run's seed): a
+      remote judge whose latency varies. Results do not depend on it; only how long the loop
+      waits for a final reward that is due.
 
   Raises:
     ValueError: at construction, naming the first bad field (`config.workflow.<field>`).
@@ -87,6 +92,7 @@ class WorkflowConfig:
   reference_error_rate: float = 0.0
   num_pieces: int = 4
   final_reward_delay_s: float = 0.0
+  final_reward_jitter_s: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "stages", tuple(self.stages))
@@ -115,8 +121,8 @@ class WorkflowConfig:
       for later in ("tests", "debug"):
         check(later not in stages or stages.index(later) > stages.index("code"), "stages",
               f"must have {later!r} after 'code'", stages)
-    check(self.final_reward_delay_s >= 0.0, "final_reward_delay_s", "must be >= 0",
-          self.final_reward_delay_s)
+    for name in ("final_reward_delay_s", "final_reward_jitter_s"):
+      check(getattr(self, name) >= 0.0, name, "must be >= 0", getattr(self, name))
     for name, low in (("max_debug_rounds", 0), ("num_pieces", 2), ("num_agent_tests", 1),
                       ("max_obs_chars", 8), ("max_value_chars", 4), ("max_new_tokens", 1),
                       ("min_test_input_len", 0)):

@@ -63,6 +63,17 @@ class RLSection:
   `loss.aggregation='seq_mean_token_mean'`, where it is silently off, as
   `replay.pack_corrections`); Dr. GRPO's normaliser stays `rows_per_update · max_tokens`.
 
+  `final_reward_lag` is when a batch's final reward lands in the replay, counted in the agent
+  loop's harvests (one per visit of a batch slot, `agent.loop`): the batch's slot takes a new
+  batch as soon as its last stage is scored, its final judgement (the hidden tests and any
+  `workflow.final_reward_delay_s`) runs in a queue of its own, and its result is fed to the
+  replay `final_reward_lag` harvests later (waiting for the judge there if it is not done;
+  `final/wait_s`). 0 feeds it right after the last stage (the loop waits for the whole
+  judgement). Counted in harvests, not seconds, so that a run is deterministic and processes
+  stay in lock-step whatever the judge's speed; the policy versions it spans are reported
+  (`final/latency_versions`), and its corrections and outcome rows meet the staleness bound
+  (`correction.max_staleness`) like any other.
+
   Attributes:
     num_steps: learner updates of the RL phase.
     tasks_per_batch: tasks per episode batch (B).
@@ -86,6 +97,8 @@ class RLSection:
       while rows wait for a full update before they go as a partial one (0 = no cap).
     pass_rate_filter: `()` (off) or `(lo, hi)`, 0 <= lo <= hi <= 1: groups whose pass rate
       lies outside [lo, hi] are not trained on (see above).
+    final_reward_lag: agent-loop harvests from a batch's last stage being scored to its final
+      reward landing in the replay (>= 0; see above).
     pack_prefix: shared-prefix packing of an update's rows (see above).
     packed_buckets: with pack_prefix, the packed row length of each of `buckets` (as many,
       each at least its bucket); `()` = twice each bucket.
@@ -106,6 +119,7 @@ class RLSection:
   dynamic_sampling: bool = False
   dynamic_sampling_max_batches: int = 10
   pass_rate_filter: tuple[float, ...] = ()
+  final_reward_lag: int = 0
   pack_prefix: bool = False
   packed_buckets: tuple[int, ...] = ()
 
@@ -127,6 +141,8 @@ class RLSection:
         and 0.0 <= self.pass_rate_filter[0] <= self.pass_rate_filter[1] <= 1.0),
                  f"{path}.pass_rate_filter", "must be () (off) or (lo, hi) with "
                  "0 <= lo <= hi <= 1", self.pass_rate_filter)
+    checks.check(self.final_reward_lag >= 0, f"{path}.final_reward_lag", "must be >= 0",
+                 self.final_reward_lag)
     checks.check(self.episode_budget >= 0, f"{path}.episode_budget",
                  "must be >= 0 (0 = no budget)", self.episode_budget)
     checks.check(self.max_skipped_updates >= 0, f"{path}.max_skipped_updates",

@@ -9,8 +9,9 @@
 * `session`: a run's live objects, checkpoints and the periodic-action predicate.
 * `warmstart`, `rl_phase`: the two phases.
 * `evaluation`: held-out pass@1 / pass@k, the paired gain and the headroom of RL.
-* `metrics`: `MetricsWriter`, the learning-curve plot, rows gathered from every process, the
-  end-of-run summary (`run_summary`, `summary_line`).
+* `metric_rows`: every key of a metrics row, the RL row from every process's numbers, the
+  wall-clock keys (`WALL_CLOCK`), the end-of-run summary (`run_summary`, `summary_line`).
+* `metrics`: writes the rows (`MetricsWriter`, W&B, transcripts, the learning-curve plot).
 * `preemption`: SIGTERM / SIGINT to a checkpoint and `Preempted`.
 """
 

@@ -28,6 +28,15 @@ Every key of a row goes to `metrics.jsonl` and, as the same tag, to TensorBoard.
 * `replay/...` (per update, averaged, and running totals `replay/total_...`), `counts/...`
   and `loop/...` (running counters, summed over processes; `loop/episodes`: finished training
   episodes), `tokens_per_s`, `seconds` (since the run started).
+* `final/latency_versions`, `final/latency_s` and `final/wait_s`: of the final rewards fed to
+  the replay since the last row (`agent.loop`: `rl.final_reward_lag` harvests after the last
+  stage), the mean policy versions from the last stage's sampling to the final reward in the
+  replay (all processes), and on process 0's clock the mean seconds from the last stage
+  scored to it and the seconds the loop waited for a judge that was due but not done;
+  `final/latency_versions_mean`, `final/latency_versions_p95`, `final/latency_s_mean` and
+  `final/latency_s_p95`: the same latencies over the run so far (the latest 4,096 batches per
+  process; the seconds since the process started or resumed; processes' means averaged, their
+  p95 the highest).
 * `rl/episodes_per_s`: training episodes finished since the last row per wall second of the
   interval (evaluation excluded, all processes); the final row adds `rl/seconds` (the RL
   phase's wall seconds so far, evaluation excluded, over resumes) and
@@ -126,7 +135,14 @@ def pipeline_shapes(update_stats: Sequence[dict[str, float]]) -> dict[str, float
 
 
 # The wall-clock keys of RL rows besides `PIPELINE_TIMES`, `seconds` and `tokens_per_s`.
-RL_TIMES = ("rl/episodes_per_s", "rl/seconds", "rl/episodes_per_s_phase")
+RL_TIMES = ("rl/episodes_per_s", "rl/seconds", "rl/episodes_per_s_phase", "final/latency_s",
+            "final/wait_s", "final/latency_s_mean", "final/latency_s_p95")
+# Every wall-clock key of a row: they differ between otherwise identical runs (a resumed run
+# and an uninterrupted one, two processes), every other key must not.
+WALL_CLOCK = ("seconds", "tokens_per_s", "eval/seconds", "loop/learner_idle_fraction",
+              *PIPELINE_TIMES, *RL_TIMES)
+# The run's final-reward latencies of an RL row, `final/<name>` (`AgentLoop.final_latency`).
+_LATENCY = ("latency_s_mean", "latency_s_p95", "latency_versions_mean", "latency_versions_p95")
 
 
 def rl_phase_totals(row: dict[str, float], rl_seconds: float,
@@ -163,7 +179,9 @@ def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
     `heldout_pass_at_G`, `train_pass_at_1`, `train_pass_at_G`); `tied_groups_final` (the RL
     phase's `signal/tied_groups_final_phase`); `entropy_first` and `entropy_last` (nats,
     `loss/entropy` of the first and last RL rows that have it); `episodes_per_s`
-    (`rl/episodes_per_s_phase`).
+    (`rl/episodes_per_s_phase`); `final_latency_s_mean`, `final_latency_s_p95`,
+    `final_latency_versions_mean` and `final_latency_versions_p95` (the last RL row's
+    `final/latency_...`).
   """
   out = {}
   rl = [r for r in history if r.get("phase") == "rl"]
@@ -181,14 +199,20 @@ def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
                     ("rl/episodes_per_s_phase", "episodes_per_s")):
     if key in last:
       out[name] = float(last[key])
+  latency = next((r for r in reversed(rl) if "final/latency_s_mean" in r), {})
+  for key in _LATENCY:
+    if f"final/{key}" in latency:
+      out[f"final_{key}"] = float(latency[f"final/{key}"])
   return out
+
 
 
 def summary_line(summary: dict[str, float], *, group_size: int, temperature: float) -> str:
   """The RL line of the end-of-run summary from `run_summary`'s numbers, e.g.
 
   `RL: headroom (held-out pass@1 -> pass@8 at T=0.5): warm-start 0.301 -> 0.512, end 0.320 ->
-  0.498; tied groups (final reward) 0.620; entropy 0.412 -> 0.377 nats; RL 14.2 episodes/s`
+  0.498; tied groups (final reward) 0.620; entropy 0.412 -> 0.377 nats; RL 14.2 episodes/s;
+  final reward 2.31 s (p95 4.02 s), 3.0 versions (p95 5.0) after the last stage`
 
   with only the parts the run logged; "" when none.
   """
@@ -206,6 +230,11 @@ def summary_line(summary: dict[str, float], *, group_size: int, temperature: flo
                  f"nats")
   if "episodes_per_s" in summary:
     parts.append(f"RL {summary['episodes_per_s']:.1f} episodes/s")
+  if "final_latency_s_mean" in summary:
+    parts.append(f"final reward {summary['final_latency_s_mean']:.2f} s (p95 "
+                 f"{summary['final_latency_s_p95']:.2f} s), "
+                 f"{summary['final_latency_versions_mean']:.1f} versions (p95 "
+                 f"{summary['final_latency_versions_p95']:.1f}) after the last stage")
   return "RL: " + "; ".join(parts) if parts else ""
 
 
@@ -217,14 +246,15 @@ def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
     everyone: per process (in process order) a dict with `harvest` (`{key: [values]}` of its
       episode metrics), `stats` (per update, its batch's replay stats), `replay` (its
       `REPLAY_TOTALS`), `counts` and `loop` (counters), `position` and `epoch` (its task
-      stream).
+      stream), and optionally `final_latency` (`AgentLoop.final_latency`).
     updates: host metrics of the updates since the last row (the same in every process).
 
   Returns:
     Means over episodes (`reward/...`) and updates (`loss/...`, `replay/...`; an update's batch
     stats summed over processes, its padding fraction averaged), replay totals and counters
     summed over processes, the data position summed, the epoch the lowest, and the update
-    shapes (`pipeline_shapes`).
+    shapes (`pipeline_shapes`), the run's final-reward latencies (means averaged over the
+    processes that have one, p95 the highest).
   """
   harvest = collections.defaultdict(list)
   for p in everyone:
@@ -250,6 +280,11 @@ def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
     for p in everyone:
       merged.update(p[group])
     row.update({f"{group}/{k}": float(v) for k, v in merged.items()})
+  latencies = [p["final_latency"] for p in everyone if p.get("final_latency")]
+  for key in _LATENCY:
+    if latencies:
+      pick = max if key.endswith("_p95") else np.mean
+      row[f"final/{key}"] = float(pick([x[f"final/{key}"] for x in latencies]))
   row["loop/data_position"] = float(sum(p["position"] for p in everyone))
   row["loop/epoch"] = float(min(p["epoch"] for p in everyone))
   return row

@@ -218,6 +218,8 @@ class RLPhase:
                                             if k in _GROUP_FILTER_COUNTS}},
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
              "stats": [stats for _, stats in self.updates],
+             "final_latency": s.agent.final_latency(),
+             "final_latency": s.agent.final_latency(),
              "replay": {k: s.replay.counters.get(k, 0) for k in metric_rows.REPLAY_TOTALS}}
     episodes = s.coord.total(s.agent.counters["episodes"] - self.episodes_logged)
     now = time.time()
@@ -228,6 +230,7 @@ class RLPhase:
            "loop/learner_idle_fraction": min(
                1.0, self.agent_seconds / max(now - self.t_logged, 1e-9))}
     row.update(metric_rows.pipeline_times(self.busy, now - self.t_logged))
+    row.update(s.agent.pop_final_seconds())  # this process's clock
     row.update(metric_rows.rl_row(s.coord.gather(local), updates))
     if final:
       row.update(metric_rows.rl_phase_totals(row, self.rl_seconds, s.cfg.rl.group_size))
