@@ -37,6 +37,7 @@ holds its workdir's lock, and a copy skips the arms another is running):
         --tasks=long_horizon,default --episode_budget=1024
 """
 
+import ast
 import json
 import os
 import shutil
@@ -169,14 +170,18 @@ def _seed_from(warm: str, wd: str) -> None:
 
 def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[int], *,
             quick: bool = False, num_stages: int = 4, final_reward_delay_s: float = 0.0,
-            final_reward_lag: int = 0, episode_budget: int = 0, learning_rate: float = 0.0,
-            shared_warmstart: bool = False) -> list[str]:
+            final_reward_lag: int = 0, episode_budget: int = 0,
+            overrides: Sequence[str] = (), shared_warmstart: bool = False) -> list[str]:
   """Runs (or resumes, or skips) every (task, arm, seed); returns the workdirs run now.
 
   With `shared_warmstart` every seed of a task starts from seed 0's warm-start
   (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
-  `episode_budget` and `learning_rate` (the RL phase's `optim.learning_rate`, constant; the
-  warm-start keeps its own) replace the config's when > 0.
+  `episode_budget` replaces the config's when > 0. `overrides` (`SECTION.FIELD=VALUE`, e.g.
+  `optim.learning_rate=1e-4`: the same in every arm's RL phase; the shared warm-start keeps its
+  own config) are applied last (`apply_overrides`).
+
+  Raises:
+    ValueError: a malformed override, or one that names no config field.
 
   Several invocations may share `root` (e.g. one per core): each run holds its workdir's lock
   (`run_lock`), an arm another invocation is running is skipped, and a warm-start another
@@ -201,8 +206,7 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
-        if learning_rate:
-          cfg.optim.learning_rate = learning_rate
+        apply_overrides(cfg, overrides)
         try:
           with run_lock.WorkdirLock(wd):  # never seed under a run in progress
             _seed_from(warm, wd)
@@ -218,6 +222,31 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
   return ran
 
 
+def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+  """Sets each `SECTION.FIELD=VALUE` of `overrides` in `cfg` (VALUE a Python literal, else a
+  string).
+
+  Raises:
+    ValueError: an override without `=`, naming a field `cfg` lacks, or of the wrong type.
+  """
+  for item in overrides:
+    path, sep, text = item.partition("=")
+    parts = path.strip().split(".")
+    node = cfg
+    for part in parts[:-1]:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if not sep or not isinstance(node, ml_collections.ConfigDict) or parts[-1] not in node:
+      raise ValueError(f"override {item!r} must be SECTION.FIELD=VALUE naming a config field")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    try:
+      node[parts[-1]] = value
+    except TypeError as e:  # ml_collections keeps a field's type
+      raise ValueError(f"override {item!r}: {e}") from None
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
   bad = sorted(set(_TASKS.value) - set(TASKS)) + sorted(set(_ARMS.value) - set(ARMS))
@@ -230,7 +259,7 @@ def main(argv: Sequence[str]) -> None:
   run_all(_ROOT.value, _TASKS.value, _ARMS.value, seeds, quick=_QUICK.value,
           num_stages=_STAGES.value, final_reward_delay_s=_DELAY.value,
           final_reward_lag=_LAG.value, episode_budget=_BUDGET.value,
-          learning_rate=_LR.value, shared_warmstart=_SHARED.value)
+          overrides=_SET.value, shared_warmstart=_SHARED.value)
   ablation_report.write(_ROOT.value, _TASKS.value, _ARMS.value, list(seeds))
 
 
@@ -250,8 +279,10 @@ if __name__ == "__main__":
       "landing in the replay (rl.final_reward_lag), the same in every arm.")
   _BUDGET = flags.DEFINE_integer("episode_budget", 0,
                                  "Training episodes per run (0: the config's default).")
-  _LR = flags.DEFINE_float("learning_rate", 0.0, "The RL phase's constant learning rate in "
-                           "every arm (0: the config's default; the warm-start keeps its own).")
+  _SET = flags.DEFINE_multi_string(
+      "set", [], "SECTION.FIELD=VALUE applied to every arm's config, e.g. "
+      "--set=optim.learning_rate=1e-4 --set=rl.rows_per_update=16 (the shared warm-start keeps "
+      "its own config).")
   _SHARED = flags.DEFINE_bool(
       "shared_warmstart", False, "One warm-start per task (seed 0's), shared by every seed: the "
       "seeds then differ in the RL phase only (its sampling keys); the cheap choice on a CPU.")

@@ -36,6 +36,18 @@ class AblationTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "arm"):
       ablation.arm_config("default", "oracle", 0)
 
+  def test_overrides_set_fields_and_name_a_bad_one(self):
+    cfg = ablation.arm_config("long_horizon", "agentic", 0, final_reward_lag=3)
+    ablation.apply_overrides(cfg, ["optim.learning_rate=1e-4", "rl.rows_per_update=16",
+                                   "optim.schedule=cosine"])
+    self.assertEqual((cfg.optim.learning_rate, cfg.rl.rows_per_update, cfg.optim.schedule),
+                     (1e-4, 16, "cosine"))
+    self.assertEqual(cfg.rl.final_reward_lag, 3)
+    for bad in ("optim.learning_rat=1e-4", "rl.rows_per_update", "nope.x=1",
+                "rl.rows_per_update='many'"):
+      with self.assertRaisesRegex(ValueError, "override"):
+        ablation.apply_overrides(cfg, [bad])
+
   def test_seeding_replaces_a_half_copy_left_by_a_killed_seeding(self):
     root = self.create_tempdir().full_path
     warm, wd = os.path.join(root, "warm"), os.path.join(root, "arm")
