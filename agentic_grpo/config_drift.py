@@ -66,6 +66,9 @@ MAY_CHANGE = frozenset({
     "rl.micro_batches",  # the same update, accumulated in other slices
     "rl.pack_prefix", "rl.packed_buckets",  # the same update, in packed rows
     "model.attention_chunk",  # the same attention, computed in query chunks
+    # The same row keys, transform and stop rule, decoded in other batches: the same tokens
+    # and log-probs up to float rounding, as `model.attention_chunk`.
+    "rl.sampler", "rl.sampler_slots",
     "rl.max_idle_batches", "rl.max_skipped_updates",
     # The judge's speed: when a final reward lands is `rl.final_reward_lag`'s, not the judge's.
     "workflow.final_reward_delay_s", "workflow.final_reward_jitter_s",

@@ -4,11 +4,13 @@ Runs share one sandbox pool and, through the caches of the jitted steps and the 
 set of compilations.
 """
 
+import dataclasses
 import json
 import os
 import re
 import signal
 import struct
+import types
 from unittest import mock
 
 from absl import logging as absl_logging
@@ -28,6 +30,8 @@ from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import layout as checkpoint_layout
 from agentic_grpo.models import placement
+from agentic_grpo.models import sampler as sampler_lib
+from agentic_grpo.models import transformer
 from agentic_grpo.replay import batching
 from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
@@ -272,6 +276,91 @@ class TrainTest(parameterized.TestCase):
     temperatures = [c.kwargs.get("temperature") for c in made.call_args_list]
     self.assertIn(None, temperatures)  # the agent loop's: rl.temperature
     self.assertIn(0.8, temperatures)  # sampled pass@k
+
+  def test_continuous_sampler_run_equals_static(self):
+    # Same seed, same metrics rows (rewards, losses, evaluation) up to rounding: the continuous
+    # sampler draws each row with the static sampler's key, so the runs sample the same tokens.
+    overrides = {"rl.num_steps": 3, "task.eval_size": 4}
+    histories, first_stage = {}, {}
+    make_sample_fn = device_lib.make_sample_fn
+
+    def recording(name):
+      def make(*args, **kwargs):
+        inner = make_sample_fn(*args, **kwargs)
+
+        def sample_fn(params, prompts, lengths, counter, greedy):
+          out = inner(params, prompts, lengths, counter, greedy)
+          first_stage.setdefault(name, (counter, greedy) + tuple(np.asarray(x) for x in out))
+          return out
+        return sample_fn
+      return make
+
+    for name in ("static", "continuous"):
+      cfg = _micro(tiny_codegen, **overrides, **{"rl.sampler": name})
+      workdir = self.create_tempdir().full_path
+      with mock.patch.object(device_lib, "make_sample_fn", recording(name)):
+        self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 4)
+      histories[name] = _history(workdir)
+    # The first sampled stage: the same tokens, lengths and (up to rounding) log-probs.
+    static, continuous = first_stage["static"], first_stage["continuous"]
+    self.assertEqual(static[:2], continuous[:2])
+    np.testing.assert_array_equal(static[2], continuous[2])
+    np.testing.assert_array_equal(static[3], continuous[3])
+    np.testing.assert_allclose(static[4], continuous[4], atol=1e-5)
+    # Every row has the same keys and values; the log-probs' rounding reaches only statistics
+    # of the behaviour log-probs (here `loss/approx_kl`, at 1e-14).
+    self.assertLen(histories["continuous"], 4)
+    for want, got in zip(histories["static"], histories["continuous"], strict=True):
+      self.assertEqual(sorted(want), sorted(got))
+      for key, value in want.items():
+        if isinstance(value, float):
+          self.assertAlmostEqual(value, got[key], delta=1e-9, msg=key)
+        else:
+          self.assertEqual(value, got[key], key)
+
+  def test_continuous_sample_fn_logprobs_are_the_learners(self):
+    # Fewer slots than rows (refilled as rows finish), prompts of several lengths, top-k: the
+    # behaviour log-probs are what the learner recomputes over prompt + completion.
+    cfg = _micro(tiny_codegen, **{"rl.sampler": "continuous", "rl.sampler_slots": 2,
+                                  "rl.temperature": 0.7, "rl.top_k": 20})
+    comp = train.build(cfg, pool=self.pool)
+    params = placement.init_params(comp.sharded_model, comp.model_config, 0)
+    rng = np.random.default_rng(0)
+    lengths = np.array([9, 40, 3, 27, 64, 15], np.int32)
+    prompts = np.zeros((6, 64), np.int32)
+    for i, n in enumerate(lengths):
+      prompts[i, :n] = rng.integers(1, 200, size=n)
+    sample_fn = train.make_sample_fn(comp, 0, transfer_guard="disallow")
+    tokens, out_len, logprobs = sample_fn(params, prompts, lengths, 3, False)
+    self.assertEqual(tokens.shape, (6, cfg.workflow.max_new_tokens))
+    joined, positions, segment_mask, _ = sampler_lib.join_prompt_completion(
+        prompts, lengths, tokens, out_len)
+    transform = cfg.rl.transform(vocab_limit=device_lib.vocab_limit(comp))
+    lp = np.asarray(transformer.sequence_logprobs(comp.graphdef, params, joined, positions,
+                                                  segment_mask, transform))
+    t = cfg.workflow.max_new_tokens
+    idx = np.minimum(lengths[:, None] + np.arange(t)[None], lp.shape[1] - 1)
+    want = np.where(np.arange(t)[None] < out_len[:, None],
+                    np.take_along_axis(lp, idx, axis=1), 0.0)
+    np.testing.assert_allclose(logprobs, want, atol=2e-5)
+    # The static sampler of the same run: the same tokens for the same counter.
+    static = dataclasses.replace(comp, cfg=_micro(tiny_codegen, **{"rl.temperature": 0.7,
+                                                                   "rl.top_k": 20}))
+    got = train.make_sample_fn(static, 0)(params, prompts, lengths, 3, False)
+    np.testing.assert_array_equal(got[0], tokens)
+    np.testing.assert_array_equal(got[1], out_len)
+
+  @parameterized.parameters(("rl.sampler", "dynamic"), ("rl.sampler_slots", -1))
+  def test_bad_sampler_option_names_the_field(self, key, value):
+    with self.assertRaisesRegex(ValueError, re.escape(f"config.{key}")):
+      _micro(tiny_codegen, **{key: value})
+
+  def test_continuous_sampler_refuses_several_processes(self):
+    cfg = _micro(tiny_codegen, **{"rl.sampler": "continuous"})
+    comp = types.SimpleNamespace(cfg=cfg, coord=types.SimpleNamespace(process_count=2))
+    with self.assertRaisesRegex(ValueError, r"config\.rl\.sampler .*single process.* 2 "
+                                            r"processes"):
+      train.make_sample_fn(comp, 0)
 
   def test_faults_are_counted_and_do_not_stop_the_run(self):
     cfg = _micro(tiny_codegen, **{"rl.num_steps": 4})

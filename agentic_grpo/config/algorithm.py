@@ -6,6 +6,9 @@ import dataclasses
 from agentic_grpo import field_checks as checks
 from agentic_grpo.core import types as core_types
 
+# The samplers of `rl.sampler`.
+SAMPLERS = ("static", "continuous")
+
 
 @dataclasses.dataclass(frozen=True)
 class RLSection:
@@ -74,6 +77,17 @@ class RLSection:
   (`final/latency_versions`), and its corrections and outcome rows meet the staleness bound
   (`correction.max_staleness`) like any other.
 
+  `sampler` picks how the agent loop's and evaluation's sampler decodes a call's `[N, P]`
+  prompts: `'static'` (`models.sampler.sample`) decodes the N rows together until the longest
+  stops; `'continuous'` (`models.continuous.sample`) decodes them in `sampler_slots` slots,
+  refilled as rows finish, its cache kept at the width the live rows need. Both draw row `r`
+  with the same key (`jax.random.fold_in(key(seed), counter)`, split per row), the same
+  transform, stop rule and behaviour log-probs, so they give the same tokens up to float
+  rounding (a prompt prefilled at another padded width, attention over a cache of another
+  length: log-probs agree to about 1e-6; a token differs only where two candidates are that
+  close). `'continuous'` runs in a single process only (its host loop needs every row of the
+  call): a multi-process run with it stops at start-up.
+
   Attributes:
     num_steps: learner updates of the RL phase.
     tasks_per_batch: tasks per episode batch (B).
@@ -102,6 +116,9 @@ class RLSection:
     pack_prefix: shared-prefix packing of an update's rows (see above).
     packed_buckets: with pack_prefix, the packed row length of each of `buckets` (as many,
       each at least its bucket); `()` = twice each bucket.
+    sampler: `'static'` or `'continuous'` batching of the sampler (see above).
+    sampler_slots: with sampler='continuous', rows decoded at once (0 = every row of a
+      call); a multiple of the mesh's batch axes' size.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -122,6 +139,8 @@ class RLSection:
   final_reward_lag: int = 0
   pack_prefix: bool = False
   packed_buckets: tuple[int, ...] = ()
+  sampler: str = "static"
+  sampler_slots: int = 0
 
   def packed_lengths(self) -> dict[int, int]:
     """`{bucket: packed row length}`: `packed_buckets`, or twice each of `buckets`."""
@@ -129,6 +148,10 @@ class RLSection:
     return {int(b): int(n) for b, n in zip(self.buckets, packed)}
 
   def validate(self, path: str) -> None:
+    checks.choice(f"{path}.sampler", self.sampler, SAMPLERS)
+    checks.check(isinstance(self.sampler_slots, int) and self.sampler_slots >= 0,
+                 f"{path}.sampler_slots", "must be an int >= 0 (0 = every row of a call)",
+                 self.sampler_slots)
     packed = tuple(self.packed_buckets)
     checks.check(packed == () or (len(packed) == len(self.buckets) and all(
         n >= b for b, n in zip(self.buckets, packed))), f"{path}.packed_buckets",

@@ -631,6 +631,16 @@ class _Programs(NamedTuple):
   scalar: Callable  # a host scalar -> argument
 
 
+def _put(tree):
+  """`tree`'s host values on the default device: an explicit copy (`jax.transfer_guard`)."""
+  return jax.device_put(tree)
+
+
+# `x[rows]` of a device array `x` and device indices `rows`, in one program (indexing outside
+# `jit` would copy its index constants to the device implicitly).
+_pick = jax.jit(lambda x, rows: x[rows])
+
+
 def _programs(graphdef, config, shardings, t_max, stop_ids_width, stop_seqs_shape, steps,
               static) -> _Programs:
   if shardings is None:
@@ -644,9 +654,9 @@ def _programs(graphdef, config, shardings, t_max, stop_ids_width, stop_seqs_shap
         generate=lambda params, state, s, w, *args: _GENERATE_JIT(
             graphdef, params, state, *args, steps=steps, **static),
         resize=lambda state, s, have, width: _RESIZE_JIT(state, width=width),
-        gather=lambda state, s, w, rows: _gather(state, jnp.asarray(rows, jnp.int32)),
-        take=lambda state, s, w, rows: _take(state, jnp.asarray(rows, jnp.int32)),
-        rows=lambda tree: tree, scalar=lambda x: x)
+        gather=lambda state, s, w, rows: _gather(state, _put(np.asarray(rows, np.int32))),
+        take=lambda state, s, w, rows: _take(state, _put(np.asarray(rows, np.int32))),
+        rows=_put, scalar=_put)
   rep = _replicated(shardings)
 
   def rows(tree):
@@ -968,7 +978,7 @@ def sample_with_stats(
           take = min(bucket, req.prompts.shape[1])
           batch[:, :take] = req.prompts[part, :take]
           args = run.rows({"prompts": batch, "lengths": lengths[part],
-                           "keys": keys[jnp.asarray(part)], "stop_ids": req.stop_ids[part],
+                           "keys": _pick(keys, _put(part)), "stop_ids": req.stop_ids[part],
                            "stop_seqs": req.stop_seqs[part], "slots": target})
           state, evicted = run.refill(
               params, state, s, width, args["prompts"], args["lengths"], args["keys"],
@@ -982,10 +992,10 @@ def sample_with_stats(
             batch[i, :suffix_lengths[i]] = req.prompts[r, starts[r]:lengths[r]]
           saved = prefix_cache.stack_rows([plan.entries[r] for r in part], saved_width)
           state, evicted = run.prefix_refill(
-              params, state, s, width, saved, jnp.asarray(starts[part], jnp.int32),
-              jnp.asarray(batch), jnp.asarray(suffix_lengths), jnp.asarray(lengths[part]),
-              keys[jnp.asarray(part)], jnp.asarray(req.stop_ids[part]),
-              jnp.asarray(req.stop_seqs[part]), jnp.asarray(target), temperature, top_p, pad)
+              params, state, s, width, saved,
+              *_put((starts[part].astype(np.int32), batch, suffix_lengths,
+                     lengths[part])), _pick(keys, _put(part)),
+              *_put((req.stop_ids[part], req.stop_seqs[part], target)), temperature, top_p, pad)
           reused_tokens += int(starts[part].sum())
         evictions.append((owner[target].copy(), evicted))
         owner[target] = part
@@ -1052,7 +1062,7 @@ def sample_with_stats(
     prefix_pool.put(save_keys[r], conversation[:length], rows, int(params_version))
   out = sampler.SampleOutput(tokens=out_tokens, lengths=out_len, finish_reason=out_finish,
                              logprobs=out_lp)
-  out = jax.tree.map(jnp.asarray, out) if shardings is None else shardings.put_rows(out)
+  out = _put(out) if shardings is None else shardings.put_rows(out)
   return out, Stats(prompt_tokens=int(lengths.sum()), prefill_tokens=prefill_tokens,
                     prefill_calls=prefill_calls, generate_calls=generate_calls,
                     decode_steps=decode_steps, cache_reads=cache_reads, resizes=resizes,

@@ -26,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import field_checks
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import continuous as continuous_lib
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import sources
@@ -176,13 +178,28 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   `eval.temperature`. `rl.top_k` / `rl.top_p` apply either way, and so does `vocab_limit(comp)`:
   greedy or sampled, no id past the tokenizer's vocabulary is generated.
 
+  `rl.sampler` picks the batching: `'static'` (`models.sampler.sample`, the call's rows padded
+  to one prompt bucket and decoded together) or `'continuous'` (`models.continuous.sample`,
+  `rl.sampler_slots` decode slots, 0 = the call's n rows, each refill prefilled at the
+  smallest of `rl.buckets` that holds it). Either way call `counter` samples with the key
+  `jax.random.fold_in(key(seed), counter)`, split into one key per row, so a run's tokens are
+  a function of its seed (and, between the two, the same up to float rounding).
+
   Jitted over the run's mesh with explicit shardings (`sampler_lib.sampler_shardings`). In a
-  multi-process run it is a collective: each process passes its own rows, the processes agree
-  on the prompt bucket (the longest prompt of any, `comp.coord.agree_max`), one program samples
-  every process's rows, and each gets its own rows back. Runs under
+  multi-process run (static only) it is a collective: each process passes its own rows, the
+  processes agree on the prompt bucket (the longest prompt of any, `comp.coord.agree_max`),
+  one program samples every process's rows, and each gets its own rows back. Runs under
   `jax.transfer_guard(transfer_guard)`.
+
+  Raises:
+    errors.InputError: `rl.sampler='continuous'` in a multi-process run (naming the field).
   """
   cfg = comp.cfg
+  continuous = cfg.rl.sampler == "continuous"
+  if continuous and comp.coord.process_count > 1:
+    field_checks.fail("rl.sampler", f"runs in a single process only (its host loop needs every "
+                      f"row of a call), this run has {comp.coord.process_count} processes: use "
+                      f"rl.sampler='static'", cfg.rl.sampler)
   transform = cfg.rl.transform(temperature, vocab_limit=vocab_limit(comp))
   tok = comp.tokenizer
   stop_ids = [tok.token_id(s) for s in comp.workflow_factory().stop_tokens()]
@@ -190,15 +207,21 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
 
   def sample_fn(params, prompts, lengths, counter, greedy):
-    longest = comp.coord.agree_max(int(np.max(lengths)))
+    # The processes agree on the static sampler's one prompt bucket (a collective).
+    longest = None if continuous else comp.coord.agree_max(int(np.max(lengths)))
     with jax.transfer_guard(transfer_guard):
       key = jax.random.fold_in(base, jax.device_put(np.uint32(counter % (1 << 32))))
-      out = sampler_lib.sample(
-          comp.graphdef, params, prompts, lengths, key,
-          max_new_tokens=cfg.workflow.max_new_tokens, transform=transform, greedy=greedy,
-          stop_token_ids=stop_ids, pad_id=tok.pad_id,
-          prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),),
-          shardings=shardings)
+      common = dict(max_new_tokens=cfg.workflow.max_new_tokens, transform=transform,
+                    greedy=greedy, stop_token_ids=stop_ids, pad_id=tok.pad_id,
+                    shardings=shardings)
+      if continuous:
+        out = continuous_lib.sample(
+            comp.graphdef, params, prompts, lengths, key, prompt_buckets=cfg.rl.buckets,
+            slots=cfg.rl.sampler_slots or int(prompts.shape[0]), **common)
+      else:
+        out = sampler_lib.sample(
+            comp.graphdef, params, prompts, lengths, key,
+            prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),), **common)
       return parallel.local_rows((out.tokens, out.lengths, out.logprobs))
 
   return sample_fn
