@@ -40,6 +40,9 @@ FIXED = frozenset({
     "rl.temperature", "rl.top_k", "rl.top_p", "rl.buckets",
     "rl.dynamic_sampling", "rl.dynamic_sampling_max_batches", "rl.pass_rate_filter",
     "rl.final_reward_lag",
+    # 'always' samples from contexts partly computed by older policies: other behaviour
+    # log-probs ('same_version' only float rounding, but one field has one set).
+    "rl.reuse_prefix",
     "loss.eps_low", "loss.eps_high", "loss.ratio_level", "loss.aggregation", "loss.max_tokens",
     "loss.kl_beta", "loss.kl_estimator", "loss.entropy_coef", "loss.dual_clip",
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",
@@ -69,6 +72,7 @@ MAY_CHANGE = frozenset({
     # The same row keys, transform and stop rule, decoded in other batches: the same tokens
     # and log-probs up to float rounding, as `model.attention_chunk`.
     "rl.sampler", "rl.sampler_slots",
+    "rl.prefix_cache_mb",  # how many saved rows are kept: which contexts are prefilled whole
     "rl.max_idle_batches", "rl.max_skipped_updates",
     # The judge's speed: when a final reward lands is `rl.final_reward_lag`'s, not the judge's.
     "workflow.final_reward_delay_s", "workflow.final_reward_jitter_s",

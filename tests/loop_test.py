@@ -90,7 +90,8 @@ class LoopTest(parameterized.TestCase):
     super().tearDownClass()
 
   def _loop(self, sampler, *, workflow_cls=workflow_lib.Workflow, stage_rewards=True,
-            in_flight=2, final_reward_lag=0, judge=None, **replay_options):
+            in_flight=2, final_reward_lag=0, judge=None, reuse_prefixes=False,
+            **replay_options):
     """A loop over the scripted sampler; `judge`: WorkflowConfig options of the final judge
     (`final_reward_delay_s`, `final_reward_jitter_s`)."""
     counting = streams.CountingPool(self.pool)
@@ -107,7 +108,7 @@ class LoopTest(parameterized.TestCase):
         workflow_factory=factory, tokenizer=TOK, replay=replay, stream=stream,
         sample_fn=sampler, tasks_per_batch=B, group_size=G, batches_in_flight=in_flight,
         max_context=384, max_new_tokens=64, stage_rewards=stage_rewards,
-        final_reward_lag=final_reward_lag)
+        final_reward_lag=final_reward_lag, reuse_prefixes=reuse_prefixes)
     self.addCleanup(agent.close)
     return agent, replay, counting
 
@@ -126,6 +127,38 @@ class LoopTest(parameterized.TestCase):
     self.assertEqual(agent.counters["skipped_long_contexts"], 3)
     # The RL phase's "S of N training stage samples were skipped" reads N = rng_counter * N.
     self.assertLessEqual(agent.counters["skipped_long_contexts"], agent.rng_counter * n)
+
+  def test_reuse_prefixes_names_each_stages_previous_conversation(self):
+    # Training stages pass (episode, stage) save keys, (episode, stage - 1) prefix keys after
+    # the first stage and the policy version; the counts they return add to the counters;
+    # evaluation's calls stay positional.
+    scripted = ScriptedSampler()
+    calls = []
+
+    def keyed(params, prompts, lengths, rng_counter, greedy, **kwargs):
+      out = scripted(params, prompts, lengths, rng_counter, greedy)
+      if not kwargs:
+        return out
+      calls.append(kwargs)
+      return (*out,
+              {"prefix_hits": 0 if kwargs["prefix_keys"] is None else len(lengths)})
+
+    agent, _, _ = self._loop(scripted, in_flight=1, reuse_prefixes=True)
+    agent.sample_fn = keyed
+    for version in range(2 * agent.num_stages):
+      agent.step(None, version)
+    episodes = agent.slots[0].episode_ids
+    self.assertLen(calls, agent.num_stages)
+    for k, kwargs in enumerate(calls):
+      self.assertEqual(kwargs["params_version"], 2 * k + 1)
+      self.assertEqual(kwargs["prefix_keys"],
+                       None if k == 0 else [(e, k - 1) for e in episodes])
+      self.assertEqual(kwargs["save_keys"], [None] * len(episodes)
+                       if k == agent.num_stages - 1 else [(e, k) for e in episodes])
+    self.assertEqual(agent.counters["prefix_hits"], (agent.num_stages - 1) * agent.num_rows)
+    calls.clear()
+    agent.run_episodes(None, [TASKS.task("train", 0)], greedy=True)
+    self.assertEqual(calls, [])  # evaluation: the positional call
 
   def test_sharded_loops_draw_disjoint_tasks(self):
     seen = []

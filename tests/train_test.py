@@ -318,6 +318,49 @@ class TrainTest(parameterized.TestCase):
         else:
           self.assertEqual(value, got[key], key)
 
+  def test_reused_prefixes_run_equals_full_prefills(self):
+    # One device, rl.reuse_prefix='same_version': stages that continue a conversation saved by
+    # the same policy version start from its rows, and the run's rows are those of a run that
+    # prefills every context whole, up to float rounding; the reuse shows in the counters.
+    # Outcome-only (no stage rows): no update lands between an episode's stages, so they
+    # reuse; the final rewards' updates between batches make the next batch's versions new.
+    overrides = {"rl.num_steps": 3, "task.eval_size": 4, "rl.sampler": "continuous",
+                 "workflow.stage_rewards": False}
+    histories = {}
+    for reuse in ("never", "same_version"):
+      cfg = _micro(tiny_codegen, **overrides, **{"rl.reuse_prefix": reuse})
+      workdir = self.create_tempdir().full_path
+      self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 4)
+      histories[reuse] = _history(workdir)
+    prefix_keys = lambda row: {k for k in row if k.startswith(("loop/prefix", "loop/prefixes"))}
+    last = histories["same_version"][-1]
+    self.assertGreater(last["loop/prefix_reused_tokens"], 0)
+    self.assertGreater(last["loop/prefix_hits"], 0)
+    self.assertEqual(last["loop/prefix_stale_hits"], 0)
+    self.assertLen(histories["same_version"], 4)
+    for want, got in zip(histories["never"], histories["same_version"], strict=True):
+      self.assertFalse(prefix_keys(want))
+      self.assertEqual(sorted(want), sorted(set(got) - prefix_keys(got)))
+      for key, value in want.items():
+        if isinstance(value, float):
+          self.assertAlmostEqual(value, got[key], delta=1e-6, msg=key)
+        else:
+          self.assertEqual(value, got[key], key)
+
+  @parameterized.parameters(("rl.reuse_prefix", "sometimes"), ("rl.prefix_cache_mb", 0))
+  def test_bad_prefix_option_names_the_field(self, key, value):
+    with self.assertRaisesRegex(ValueError, re.escape(f"config.{key}")):
+      _micro(tiny_codegen, **{"rl.sampler": "continuous", key: value})
+
+  def test_reused_prefixes_need_the_continuous_sampler_and_one_device(self):
+    with self.assertRaisesRegex(ValueError, r"config\.rl\.reuse_prefix needs "
+                                            r"rl\.sampler='continuous'"):
+      _micro(tiny_codegen, **{"rl.reuse_prefix": "same_version"})
+    cfg = _micro(tiny_codegen, **{"rl.sampler": "continuous", "rl.reuse_prefix": "always",
+                                  "mesh.data": 2})
+    with self.assertRaisesRegex(ValueError, r"config\.rl\.reuse_prefix .*one device.* 2"):
+      train.make_sample_fn(train.build(cfg, pool=self.pool), 0)
+
   def test_continuous_sample_fn_logprobs_are_the_learners(self):
     # Fewer slots than rows (refilled as rows finish), prompts of several lengths, top-k: the
     # behaviour log-probs are what the learner recomputes over prompt + completion.

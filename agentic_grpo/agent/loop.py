@@ -76,7 +76,10 @@ from agentic_grpo.core import batched
 from agentic_grpo.tasks import task as task_lib
 
 # `sample_fn(params, prompts [N, P] int32 right-padded, prompt_lengths [N], rng_counter, greedy)
-#   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`.
+#   -> (tokens [N, M] int32, lengths [N] int32, logprobs [N, M] float32)`. A loop built with
+# `reuse_prefixes` also passes, for training samples, the keywords `prefix_keys` ([N] keys or
+# None), `save_keys` ([N]) and `params_version` (int), and takes a fourth value back: the
+# call's counts (`{name: int}`, added to `AgentLoop.counters`).
 SampleFn = Callable[[Any, np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray,
                                                                       np.ndarray]]
 
@@ -109,6 +112,11 @@ class AgentLoop:
       `valid` (outcome-only GRPO: stage rewards unused, every segment gets the outcome).
     final_reward_lag: harvests from a batch's last stage being scored to its final reward
       landing in the replay (>= 0; module docstring).
+    reuse_prefixes: the sampler reuses saved conversation prefixes (`SampleFn`): each training
+      stage's rows but the last's are saved under `(episode id, stage)` and stage k > 0 names
+      `(episode id, k - 1)` as the prefix its context continues (rows not sampled name and
+      save none), with the stage's policy version. False: `sample_fn` is called with the
+      five positional arguments only.
     executor: runs sandbox jobs (default: a thread pool of K threads).
 
   Raises:
@@ -120,7 +128,7 @@ class AgentLoop:
                replay: replay_lib.StagedReplay, stream: streams.TaskStream, sample_fn: SampleFn,
                tasks_per_batch: int, group_size: int, batches_in_flight: int,
                max_context: int, max_new_tokens: int, stage_rewards: bool = True,
-               final_reward_lag: int = 0,
+               final_reward_lag: int = 0, reuse_prefixes: bool = False,
                executor: Optional[concurrent.futures.Executor] = None):
     for name, v, lo in (("tasks_per_batch", tasks_per_batch, 1), ("group_size", group_size, 1),
                         ("batches_in_flight", batches_in_flight, 1),
@@ -144,6 +152,7 @@ class AgentLoop:
     self.max_new_tokens = int(max_new_tokens)
     self.stage_rewards = bool(stage_rewards)
     self.final_lag = int(final_reward_lag)
+    self.reuse_prefixes = bool(reuse_prefixes)
     self.num_stages = workflow_factory().num_stages
     if replay.num_stages != self.num_stages:
       raise ValueError(f"replay.num_stages ({replay.num_stages}) must equal the workflow's "
@@ -240,12 +249,14 @@ class AgentLoop:
 
   def _sample_and_submit(self, slot: inflight.InFlightBatch, params, version: int) -> None:
     stage = slot.next_stage
-    sampled = self.sample_contexts(params, slot.context, greedy=False)
+    prefix = (slot.episode_ids, stage, int(version)) if self.reuse_prefixes else None
+    sampled = self.sample_contexts(params, slot.context, greedy=False, prefix=prefix)
     slot.pending = inflight.Sampled(stage, int(version), *sampled)
     slot.job = self._submit(slot, slot.pending)
 
   def sample_contexts(self, params, contexts: Sequence[Sequence[int]], *, greedy: bool,
-                      rng_counter: Optional[int] = None, sample_fn: Optional[SampleFn] = None
+                      rng_counter: Optional[int] = None, sample_fn: Optional[SampleFn] = None,
+                      prefix: Optional[tuple[Sequence[int], int, int]] = None
                       ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     """Samples one stage for N contexts (N = `num_rows`); too-long contexts get no tokens.
 
@@ -254,6 +265,9 @@ class AgentLoop:
     replaces the loop's own for this call (e.g. evaluation at its own temperature). The rows
     not sampled are counted in `counters["skipped_long_contexts"]` (the loop's own calls: the
     training stream) or `counters["eval_skipped_long_contexts"]` (calls with `rng_counter`).
+    `prefix`: `(episode ids [N], stage, policy version)` of a training stage of a loop built
+    with `reuse_prefixes` (`SampleFn`'s keywords; the counts it returns are added to
+    `counters`); None: the five positional arguments only.
 
     Returns:
       `(gen, logprobs, sampled)`: per row generated ids and behaviour log-probs (ragged), and
@@ -275,8 +289,23 @@ class AgentLoop:
     if own:
       self.rng_counter += 1
       rng_counter = self.rng_counter
-    tokens, out_len, logprobs = (sample_fn or self.sample_fn)(params, prompts, lengths,
-                                                               rng_counter, greedy)
+    fn = sample_fn or self.sample_fn
+    if prefix is None:
+      tokens, out_len, logprobs = fn(params, prompts, lengths, rng_counter, greedy)
+    else:
+      episode_ids, stage, version = prefix
+      if len(episode_ids) != n:
+        raise ValueError(f"prefix must name {n} episode ids, got {len(episode_ids)}")
+      # The last stage's conversations continue nowhere: not saved.
+      last = stage == self.num_stages - 1
+      save = [(int(e), int(stage)) if o and not last else None
+              for e, o in zip(episode_ids, ok)]
+      named = [(int(e), int(stage) - 1) if o and stage > 0 else None
+               for e, o in zip(episode_ids, ok)]
+      tokens, out_len, logprobs, counts = fn(params, prompts, lengths, rng_counter, greedy,
+                                             prefix_keys=named if stage > 0 else None,
+                                             save_keys=save, params_version=int(version))
+      self.counters.update({k: int(v) for k, v in counts.items()})
     tokens, out_len, logprobs = np.asarray(tokens), np.asarray(out_len), np.asarray(logprobs)
     gen, lps = [], []
     for i in range(n):

@@ -5,6 +5,7 @@ import dataclasses
 
 from agentic_grpo import field_checks as checks
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import prefix_cache
 
 # The samplers of `rl.sampler`.
 SAMPLERS = ("static", "continuous")
@@ -88,6 +89,22 @@ class RLSection:
   close). `'continuous'` runs in a single process only (its host loop needs every row of the
   call): a multi-process run with it stops at start-up.
 
+  `reuse_prefix` lets the continuous sampler start a stage from the saved KV cache rows of the
+  episode's previous stage (`models.prefix_cache`): stage k+1's context is stage k's context,
+  its generated ids and the next opening, so only the new tokens are prefilled. Each training
+  stage's conversations are saved under `(episode, stage)` in a pool of `prefix_cache_mb`
+  MiB (least recently used evicted first; a conversation not in the pool is prefilled whole);
+  evaluation never reuses. `'never'` (default) prefills every context whole; `'same_version'`
+  reuses rows computed by the policy version that samples the stage (the tokens and
+  log-probs of a full prefill, up to float rounding: an update in between makes a miss);
+  `'always'` also reuses rows of earlier versions, so the behaviour log-probs are those of a
+  context partly computed by an older policy (the importance ratio against the learner's
+  recomputed log-probs covers the difference). The agent loop counts the prompt tokens taken
+  from saved rows and the hits, misses and saves (`loop/prefix_reused_tokens`,
+  `loop/prefix_hits`, `loop/prefix_misses`, `loop/prefix_mismatches`,
+  `loop/prefixes_saved`). It needs `sampler='continuous'` and a mesh of one device (saved
+  rows are not sharded): a run that asks otherwise stops at start-up.
+
   Attributes:
     num_steps: learner updates of the RL phase.
     tasks_per_batch: tasks per episode batch (B).
@@ -119,6 +136,10 @@ class RLSection:
     sampler: `'static'` or `'continuous'` batching of the sampler (see above).
     sampler_slots: with sampler='continuous', rows decoded at once (0 = every row of a
       call); a multiple of the mesh's batch axes' size.
+    reuse_prefix: `'never'`, `'same_version'` or `'always'` (`models.prefix_cache.
+      REUSE_PREFIX`): whether a training stage starts from its previous stage's saved cache
+      rows (see above).
+    prefix_cache_mb: with reuse_prefix, the saved rows' budget in MiB (>= 1).
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -141,6 +162,8 @@ class RLSection:
   packed_buckets: tuple[int, ...] = ()
   sampler: str = "static"
   sampler_slots: int = 0
+  reuse_prefix: str = "never"
+  prefix_cache_mb: int = 1024
 
   def packed_lengths(self) -> dict[int, int]:
     """`{bucket: packed row length}`: `packed_buckets`, or twice each of `buckets`."""
@@ -152,6 +175,14 @@ class RLSection:
     checks.check(isinstance(self.sampler_slots, int) and self.sampler_slots >= 0,
                  f"{path}.sampler_slots", "must be an int >= 0 (0 = every row of a call)",
                  self.sampler_slots)
+    checks.choice(f"{path}.reuse_prefix", self.reuse_prefix, prefix_cache.REUSE_PREFIX)
+    checks.check(isinstance(self.prefix_cache_mb, int) and not isinstance(
+        self.prefix_cache_mb, bool) and self.prefix_cache_mb >= 1, f"{path}.prefix_cache_mb",
+                 "must be an int >= 1 (MiB of saved prefix rows)", self.prefix_cache_mb)
+    checks.check(self.reuse_prefix == "never" or self.sampler == "continuous",
+                 f"{path}.reuse_prefix", f"needs rl.sampler='continuous' (saved prefixes are "
+                 f"the continuous sampler's), got rl.sampler={self.sampler!r}",
+                 self.reuse_prefix)
     packed = tuple(self.packed_buckets)
     checks.check(packed == () or (len(packed) == len(self.buckets) and all(
         n >= b for b, n in zip(self.buckets, packed))), f"{path}.packed_buckets",

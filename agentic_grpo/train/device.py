@@ -34,6 +34,7 @@ from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import continuous as continuous_lib
 from agentic_grpo.models import placement
+from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import sources
 from agentic_grpo.models import transformer
@@ -185,14 +186,28 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   `jax.random.fold_in(key(seed), counter)`, split into one key per row, so a run's tokens are
   a function of its seed (and, between the two, the same up to float rounding).
 
+  Reused prefixes (`rl.reuse_prefix` not `'never'`): the function holds one
+  `prefix_cache.PrefixCache` of `rl.prefix_cache_mb` MiB and takes the keywords
+  `prefix_keys` (`[n]` keys or None entries: the saved conversation each row's prompt
+  continues), `save_keys` (`[n]`: under which key each row's conversation is saved) and
+  `params_version` (the policy version of `params`), passed to `continuous.sample` with
+  `reuse_prefix=rl.reuse_prefix`. A call with any of them returns a fourth value, the call's
+  counts `{"prefix_reused_tokens", "prefix_hits", "prefix_misses", "prefix_mismatches",
+  "prefixes_saved", "prefix_stale_hits"}` (ints; stale: reused rows of another version); a
+  reused entry is dropped from the pool (the next stage saves its own). A call without them
+  (evaluation) reuses and saves nothing.
+
   Jitted over the run's mesh with explicit shardings (`sampler_lib.sampler_shardings`). In a
   multi-process run (static only) it is a collective: each process passes its own rows, the
   processes agree on the prompt bucket (the longest prompt of any, `comp.coord.agree_max`),
-  one program samples every process's rows, and each gets its own rows back. Runs under
-  `jax.transfer_guard(transfer_guard)`.
+  one program samples every process's rows, and each gets its own rows back. With reused
+  prefixes the mesh has one device, and the sampler runs on it unsharded (saved rows are not
+  sharded). Runs under `jax.transfer_guard(transfer_guard)`.
 
   Raises:
-    errors.InputError: `rl.sampler='continuous'` in a multi-process run (naming the field).
+    errors.InputError: `rl.sampler='continuous'` in a multi-process run (naming the field);
+      `rl.reuse_prefix` other than `'never'` on a mesh of more than one device, or without
+      `rl.sampler='continuous'`.
   """
   cfg = comp.cfg
   continuous = cfg.rl.sampler == "continuous"
@@ -200,29 +215,65 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
     field_checks.fail("rl.sampler", f"runs in a single process only (its host loop needs every "
                       f"row of a call), this run has {comp.coord.process_count} processes: use "
                       f"rl.sampler='static'", cfg.rl.sampler)
+  reuse = cfg.rl.reuse_prefix
+  if reuse != "never":
+    field_checks.check(continuous, "rl.reuse_prefix", "needs rl.sampler='continuous'", reuse)
+    devices = int(comp.mesh.devices.size)
+    field_checks.check(devices == 1, "rl.reuse_prefix",
+                       f"runs on a mesh of one device only (saved prefix rows are not "
+                       f"sharded), this run's mesh has {devices}: use rl.reuse_prefix='never' "
+                       f"or a one-device mesh (mesh.data=mesh.fsdp=mesh.tensor=1)", reuse)
   transform = cfg.rl.transform(temperature, vocab_limit=vocab_limit(comp))
   tok = comp.tokenizer
   stop_ids = [tok.token_id(s) for s in comp.workflow_factory().stop_tokens()]
   base = jax.random.key(seed)
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
+  pool = (prefix_cache.PrefixCache(cfg.rl.prefix_cache_mb << 20) if reuse != "never"
+          else None)
 
-  def sample_fn(params, prompts, lengths, counter, greedy):
+  def sample_fn(params, prompts, lengths, counter, greedy, *, prefix_keys=None,
+                save_keys=None, params_version=None):
+    keyed = prefix_keys is not None or save_keys is not None or params_version is not None
+    if keyed and pool is None:
+      raise ValueError("prefix_keys / save_keys / params_version need rl.reuse_prefix other "
+                       "than 'never'")
+    version = 0 if params_version is None else int(params_version)
     # The processes agree on the static sampler's one prompt bucket (a collective).
     longest = None if continuous else comp.coord.agree_max(int(np.max(lengths)))
     with jax.transfer_guard(transfer_guard):
       key = jax.random.fold_in(base, jax.device_put(np.uint32(counter % (1 << 32))))
       common = dict(max_new_tokens=cfg.workflow.max_new_tokens, transform=transform,
-                    greedy=greedy, stop_token_ids=stop_ids, pad_id=tok.pad_id,
-                    shardings=shardings)
-      if continuous:
+                    greedy=greedy, stop_token_ids=stop_ids, pad_id=tok.pad_id)
+      if pool is not None:
+        # One device: the sampler's programs run there, unsharded, with the saved rows.
+        with jax.default_device(comp.mesh.devices.flat[0]):
+          out, stats = continuous_lib.sample_with_stats(
+              comp.graphdef, params, prompts, lengths, key, prompt_buckets=cfg.rl.buckets,
+              slots=cfg.rl.sampler_slots or int(prompts.shape[0]), reuse_prefix=reuse,
+              prefix_pool=pool, prefix_keys=prefix_keys, save_keys=save_keys,
+              params_version=version, **common)
+      elif continuous:
         out = continuous_lib.sample(
             comp.graphdef, params, prompts, lengths, key, prompt_buckets=cfg.rl.buckets,
-            slots=cfg.rl.sampler_slots or int(prompts.shape[0]), **common)
+            slots=cfg.rl.sampler_slots or int(prompts.shape[0]), shardings=shardings, **common)
       else:
         out = sampler_lib.sample(
-            comp.graphdef, params, prompts, lengths, key,
+            comp.graphdef, params, prompts, lengths, key, shardings=shardings,
             prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),), **common)
-      return parallel.local_rows((out.tokens, out.lengths, out.logprobs))
+      rows = parallel.local_rows((out.tokens, out.lengths, out.logprobs))
+    if not keyed:
+      return rows
+    versions = stats.prefix_versions
+    counts = {"prefix_reused_tokens": stats.reused_tokens, "prefix_hits": stats.prefix_hits,
+              "prefix_misses": stats.prefix_misses,
+              "prefix_mismatches": stats.prefix_mismatches,
+              "prefixes_saved": stats.prefixes_saved,
+              "prefix_stale_hits": 0 if versions is None else int(np.sum(
+                  (versions >= 0) & (versions != version)))}
+    if versions is not None:
+      for r in np.flatnonzero(versions >= 0):
+        pool.discard(prefix_keys[r])
+    return (*rows, {k: int(v) for k, v in counts.items()})
 
   return sample_fn
 

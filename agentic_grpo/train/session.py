@@ -106,7 +106,8 @@ class Session:
         tasks_per_batch=cfg.rl.tasks_per_batch, group_size=cfg.rl.group_size,
         batches_in_flight=cfg.rl.batches_in_flight, max_context=cfg.rl.buckets[-1],
         max_new_tokens=cfg.workflow.max_new_tokens, stage_rewards=cfg.workflow.stage_rewards,
-        final_reward_lag=cfg.rl.final_reward_lag)
+        final_reward_lag=cfg.rl.final_reward_lag,
+        reuse_prefixes=cfg.rl.reuse_prefix != "never")
     self.phase, self.step = "warmstart", 0  # step: global (warm-start steps, then RL updates)
     self.counters: collections.Counter = collections.Counter()
     # Greedy pass per held-out task at the end of the warm-start: the baseline of the paired gain.
