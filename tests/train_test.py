@@ -347,6 +347,17 @@ class TrainTest(parameterized.TestCase):
         else:
           self.assertEqual(value, got[key], key)
 
+  def test_always_reused_prefixes_take_rows_of_earlier_versions(self):
+    # Stage rewards: a provisional update lands between an episode's stages, so with 'always'
+    # the next stage starts from rows of the version before (counted as stale hits).
+    cfg = _micro(tiny_codegen, **{"rl.num_steps": 2, "rl.sampler": "continuous",
+                                  "rl.reuse_prefix": "always"})
+    workdir = self.create_tempdir().full_path
+    self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 3)
+    last = _rows(workdir)[-1]
+    self.assertGreater(last["loop/prefix_stale_hits"], 0)
+    self.assertGreater(last["loop/prefix_reused_tokens"], 0)
+
   @parameterized.parameters(("rl.reuse_prefix", "sometimes"), ("rl.prefix_cache_mb", 0))
   def test_bad_prefix_option_names_the_field(self, key, value):
     with self.assertRaisesRegex(ValueError, re.escape(f"config.{key}")):

@@ -101,9 +101,10 @@ class RLSection:
   context partly computed by an older policy (the importance ratio against the learner's
   recomputed log-probs covers the difference). The agent loop counts the prompt tokens taken
   from saved rows and the hits, misses and saves (`loop/prefix_reused_tokens`,
-  `loop/prefix_hits`, `loop/prefix_misses`, `loop/prefix_mismatches`,
-  `loop/prefixes_saved`). It needs `sampler='continuous'` and a mesh of one device (saved
-  rows are not sharded): a run that asks otherwise stops at start-up.
+  `loop/prefix_hits`, `loop/prefix_misses`, `loop/prefix_mismatches`, `loop/prefixes_saved`;
+  `loop/prefix_stale_hits`: hits on rows of an earlier version, with `'always'`). It needs
+  `sampler='continuous'` and a mesh of one device (saved rows are not sharded): a run that asks
+  otherwise stops at start-up.
 
   Attributes:
     num_steps: learner updates of the RL phase.
