@@ -136,6 +136,29 @@ class AblationTest(absltest.TestCase):
     self.assertIn("held-out pass@1 0.250.", text)
     self.assertNotIn("at or below", text)
 
+  def test_stage_table_reports_the_share_that_passes_all_checks(self):
+    # Two pieces, one passing all its examples and one 2 of 3: a pass share of 0.5, a mean
+    # fraction of 0.833. The pass share is the stage reward the arms are trained on
+    # (`reward_mode='all_pass'`); the table once showed the fraction under its name.
+    root = self.create_tempdir().full_path
+    warm = {"eval/pass_at_1": 0.0, "eval/reward/g1": 1.0, "eval/reward/g2": 2 / 3,
+            "eval/stage_pass/g1": 1.0, "eval/stage_pass/g2": 0.0}
+    end = {"eval/pass_at_1": 0.0, "eval/reward/g1": 1.0, "eval/reward/g2": 1.0,
+           "eval/stage_pass/g1": 1.0, "eval/stage_pass/g2": 1.0}
+    rows = [{"step": 3, "phase": "warmstart", "seconds": 5.0, **warm},
+            {"step": 4, "phase": "rl", "seconds": 1.0, "loss/grad_norm": 1.0, **end}]
+    wd = ablation.workdir(root, "long_horizon", "outcome", 0)
+    os.makedirs(wd)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with open(os.path.join(wd, ablation.DONE), "w") as f:
+      f.write("{}")
+    run = ablation_report.load_run(wd)
+    self.assertEqual((run["stage_warm"], run["stage_final"]), (0.5, 1.0))
+    self.assertAlmostEqual(run["fraction_warm"], 5 / 6)
+    text = ablation_report.write(root, ["long_horizon"], ["outcome"], [0])
+    self.assertIn("| outcome | 1 | 0.500 → 1.000 | — | 0.833 → 1.000 |", text)
+
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
     tasks, arms = list(ablation.TASKS), list(ablation.ARMS)
