@@ -224,7 +224,7 @@ class AblationTest(absltest.TestCase):
     for arm in arms:
       # Two tables per task: the results, then updates and stage checks.
       self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 4)
-    self.assertEqual(text.count("| arm | RL updates (mean) | stage pass rate"), len(tasks))
+    self.assertEqual(text.count("| arm | RL updates (mean) | stage pass share"), len(tasks))
     self.assertTrue(os.path.exists(os.path.join(root, "results.md")))
     self.assertGreater(os.path.getsize(os.path.join(root, "curves.png")), 1000)
     # A second pass finds every run finished.
