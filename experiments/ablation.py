@@ -105,6 +105,12 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     # 2 to 4 points of held-out pass@1 in every arm, outcome GRPO's 8 updates included
     # (docs/ablation.md). Pass@1 needs all K pieces right, so it amplifies per-piece noise.
     c.optim.learning_rate = 3e-5
+    # Each piece is its own check: no previous-stage baseline (the default task's, where the
+    # code stage builds on the hypothesis). With it a piece was credited with its pass minus
+    # the previous piece's, another primitive's: at the warm-start 11% of passing pieces got a
+    # negative provisional advantage, and outcome GRPO's target on pieces 2..K was not the
+    # outcome's (docs/ablation.md, "Diagnosis of the stage arms").
+    c.correction.baseline = "none"
   spec = ARMS[arm]
   c.workflow.stage_rewards = spec["stage_rewards"]
   c.correction.enabled = spec["correction"]

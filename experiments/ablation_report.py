@@ -16,7 +16,12 @@ Everything is read from each run's `metrics.jsonl`:
 * sign reversals: the share of provisional stage advantages whose target advantage has the
   other sign (`replay/total_sign_reversals / replay/total_provisional_items`; 0 items: n/a);
 * second table: RL updates, and the held-out stage pass rate (the mean over stages of
-  `eval/reward/<stage>`, greedy) at the warm-start and at the end, with its paired gain;
+  `eval/stage_pass/<stage>`, greedy: the share of stages that pass all their checks, the
+  stage reward the arms are trained on with `reward_mode='all_pass'`; for long_horizon the
+  share of pieces that pass all their own examples) at the warm-start and at the end, with its
+  paired gain, and the mean fraction of the checks passed (`eval/reward/<stage>`), which also
+  counts partial passes. Rows written before `eval/stage_pass` existed have the fraction only
+  (n/a in the pass column);
 * learner idle fraction: the share of the RL loop's wall-clock spent in the agent loop
   (sampling, waiting for the sandbox) rather than dispatching updates
   (`loop/learner_idle_fraction`, mean over log intervals).
@@ -72,6 +77,8 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
       "updates": len({r["step"] for r in upd if "loss/grad_norm" in r}),
       "stage_warm": _stage_rate(warm[-1][0]) if warm else math.nan,
       "stage_final": _stage_rate(rl[-1][0]),
+      "fraction_warm": _stage_rate(warm[-1][0], "eval/reward/") if warm else math.nan,
+      "fraction_final": _stage_rate(rl[-1][0], "eval/reward/"),
       "grad_norm_var": float(np.var(col("loss/grad_norm"))) if col("loss/grad_norm") else math.nan,
       "clip_fraction": _mean(col("loss/clip_fraction")),
       "kl": _mean(col("loss/approx_kl")),
@@ -98,9 +105,11 @@ def _rollouts(row: dict[str, Any], group: Optional[int]) -> float:
   return float(row.get("loop/episodes", 0.0))
 
 
-def _stage_rate(row: dict[str, Any]) -> float:
-  """Mean held-out stage reward of one evaluation row (`eval/reward/<stage>`), nan if none."""
-  xs = [float(v) for k, v in row.items() if k.startswith("eval/reward/")]
+def _stage_rate(row: dict[str, Any], prefix: str = "eval/stage_pass/") -> float:
+  """Mean over stages of one evaluation row's `prefix<stage>` values, nan if none: the share
+  of stages that pass all their checks (`eval/stage_pass/`), or with `prefix='eval/reward/'`
+  the mean fraction of the checks passed."""
+  xs = [float(v) for k, v in row.items() if k.startswith(prefix)]
   return float(np.mean(xs)) if xs else math.nan
 
 
@@ -179,21 +188,25 @@ def _start_note(runs: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
 
 def stage_table(runs: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> list[str]:
   """Markdown lines of the second table of a task: RL updates and the held-out stage checks
-  (the mean over stages of the greedy stage reward), before and after RL, paired by seed."""
-  out = ["| arm | RL updates (mean) | stage pass rate: warm-start → end | gain vs outcome "
-         "(paired by seed) |", "|---|---|---|---|"]
+  (the mean over stages of the greedy stage pass share, and of the fraction of checks passed),
+  before and after RL, paired by seed."""
+  out = ["| arm | RL updates (mean) | stage pass share: warm-start → end | gain vs outcome "
+         "(paired by seed) | fraction of checks passed: warm-start → end |",
+         "|---|---|---|---|---|"]
   base = runs.get(OUTCOME, {})
   for arm in arms:
     rs = runs.get(arm, {})
     if not rs:
-      out.append(f"| {arm} | n/a | n/a | n/a |")
+      out.append(f"| {arm} | n/a | n/a | n/a | n/a |")
       continue
     gains = [r["stage_final"] - base[s]["stage_final"] for s, r in rs.items() if s in base]
     out.append(" | ".join([
         f"| {arm}", f"{_mean([r['updates'] for r in rs.values()]):.0f}",
         f"{_fmt(_mean([r['stage_warm'] for r in rs.values()]))} → "
         f"{_mean_se([r['stage_final'] for r in rs.values()])}",
-        "—" if arm == OUTCOME else _signed_mean_se(gains)]) + " |")
+        "—" if arm == OUTCOME else _signed_mean_se(gains),
+        f"{_fmt(_mean([r['fraction_warm'] for r in rs.values()]))} → "
+        f"{_mean_se([r['fraction_final'] for r in rs.values()])}"]) + " |")
   return out
 
 
@@ -248,8 +261,10 @@ def write(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequence[
   for task in tasks:
     lines += [f"## {task}", ""] + _start_note(all_runs[task]) + table(all_runs[task], arms) + [
         ""] + [
-        "Updates and held-out stage checks (mean greedy stage reward over the stages; for "
-        "long_horizon, the share of pieces that pass their own examples):", ""] + stage_table(
+        "Updates and held-out stage checks (greedy, mean over the stages: the share of stages "
+        "that pass all their checks, the reward the arms are trained on; for long_horizon, the "
+        "share of pieces that pass all their own examples; and the mean fraction of the checks "
+        "passed, which also counts partial passes):", ""] + stage_table(
             all_runs[task], arms) + [""]
   text = "\n".join(lines)
   os.makedirs(root, exist_ok=True)

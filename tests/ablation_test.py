@@ -7,10 +7,12 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import train
 from agentic_grpo.checkpoint import run_lock
+from agentic_grpo.replay import intake
 from experiments import ablation
 from experiments import ablation_report
 
@@ -47,6 +49,46 @@ class AblationTest(absltest.TestCase):
                 "rl.rows_per_update='many'"):
       with self.assertRaisesRegex(ValueError, "override"):
         ablation.apply_overrides(cfg, [bad])
+
+  def test_long_horizon_piece_advantages_follow_the_pieces_own_rewards(self):
+    # A group of 3 on 4 pieces. Piece 2 is passed by every member: no signal on it, whatever
+    # piece 1 did. A piece above its group's mean gets a positive provisional advantage, one
+    # below a negative one. Outcome GRPO's target is the normalised outcome on every piece.
+    # With the previous-stage baseline the replay credited piece k with r_k - r_(k-1).
+    rewards = np.array([[1, 1, 0, 1], [0, 1, 1, 1], [0, 1, 0, 0]], np.float32)  # member x piece
+    final = np.array([1.0, 0.0, 0.0], np.float32)
+    for arm in sorted(ablation.ARMS, key=lambda a: a == "outcome"):  # the stage arms first
+      cfg = config_lib.from_config_dict(ablation.arm_config("long_horizon", arm, 0))
+      replay = intake.StagedReplay.from_sections(
+          group_size=3, num_stages=4, correction=cfg.correction, storage=cfg.replay,
+          stage_rewards=cfg.workflow.stage_rewards)
+      replay.add_group(0, [0, 1, 2])
+      row = lambda k, m: np.arange(2 + 3 * k, dtype=np.int32) + 10 * m
+      for k in range(4):
+        rows = [row(k, m) for m in range(3)]
+        masks = [np.arange(len(r)) >= len(r) - 3 for r in rows]
+        replay.add_stage([0, 1, 2], k, rows, masks, [np.zeros(len(r), np.float32) for r in rows],
+                         0, rewards[:, k])
+      # The agent loop stores the stage rewards in every arm (the outcome arm's targets see
+      # them); the stage arms ready provisional items, `post_hoc` once the group finishes.
+      replay.finish([0, 1, 2], final)
+      ready = list(replay._ready)  # every item readied, none taken yet
+      provisional = {(int(i.seg_episode[0]), int(i.seg_stage[0])): float(i.seg_advantage[0])
+                     for i in ready if i.kind == "provisional"}
+      if cfg.workflow.stage_rewards:
+        self.assertNotIn(1, {k for _, k in provisional}, arm)  # piece 2 (index 1): tied
+        for (e, k), a in provisional.items():
+          self.assertEqual(np.sign(a), np.sign(rewards[e, k] - rewards[:, k].mean()),
+                           (arm, e, k))
+        self.assertLen(provisional, 9, arm)  # pieces 1, 3, 4 of the 3 members
+      else:
+        self.assertEmpty(provisional)
+        outcome = (final - final.mean()) / final.std()
+        targets = [(int(e), int(k), float(a)) for i in ready
+                   for e, k, a in zip(i.seg_episode, i.seg_stage, i.seg_advantage)]
+        self.assertLen(targets, 12)  # every piece of every member
+        for e, k, a in targets:
+          self.assertAlmostEqual(a, outcome[e], places=4, msg=(arm, e, k))
 
   def test_seeding_replaces_a_half_copy_left_by_a_killed_seeding(self):
     root = self.create_tempdir().full_path
@@ -148,6 +190,29 @@ class AblationTest(absltest.TestCase):
     self.assertIn("held-out pass@1 0.250.", text)
     self.assertNotIn("at or below", text)
 
+  def test_stage_table_reports_the_share_that_passes_all_checks(self):
+    # Two pieces, one passing all its examples and one 2 of 3: a pass share of 0.5, a mean
+    # fraction of 0.833. The pass share is the stage reward the arms are trained on
+    # (`reward_mode='all_pass'`); the table once showed the fraction under its name.
+    root = self.create_tempdir().full_path
+    warm = {"eval/pass_at_1": 0.0, "eval/reward/g1": 1.0, "eval/reward/g2": 2 / 3,
+            "eval/stage_pass/g1": 1.0, "eval/stage_pass/g2": 0.0}
+    end = {"eval/pass_at_1": 0.0, "eval/reward/g1": 1.0, "eval/reward/g2": 1.0,
+           "eval/stage_pass/g1": 1.0, "eval/stage_pass/g2": 1.0}
+    rows = [{"step": 3, "phase": "warmstart", "seconds": 5.0, **warm},
+            {"step": 4, "phase": "rl", "seconds": 1.0, "loss/grad_norm": 1.0, **end}]
+    wd = ablation.workdir(root, "long_horizon", "outcome", 0)
+    os.makedirs(wd)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with open(os.path.join(wd, ablation.DONE), "w") as f:
+      f.write("{}")
+    run = ablation_report.load_run(wd)
+    self.assertEqual((run["stage_warm"], run["stage_final"]), (0.5, 1.0))
+    self.assertAlmostEqual(run["fraction_warm"], 5 / 6)
+    text = ablation_report.write(root, ["long_horizon"], ["outcome"], [0])
+    self.assertIn("| outcome | 1 | 0.500 → 1.000 | — | 0.833 → 1.000 |", text)
+
   def test_quick_ablation_end_to_end_and_rerun_skips(self):
     root = tempfile.mkdtemp()
     tasks, arms = list(ablation.TASKS), list(ablation.ARMS)
@@ -171,7 +236,7 @@ class AblationTest(absltest.TestCase):
     for arm in arms:
       # Two tables per task: the results, then updates and stage checks.
       self.assertEqual(sum(line.startswith(f"| {arm} |") for line in text.splitlines()), 4)
-    self.assertEqual(text.count("| arm | RL updates (mean) | stage pass rate"), len(tasks))
+    self.assertEqual(text.count("| arm | RL updates (mean) | stage pass share"), len(tasks))
     self.assertTrue(os.path.exists(os.path.join(root, "results.md")))
     self.assertGreater(os.path.getsize(os.path.join(root, "curves.png")), 1000)
     # A second pass finds every run finished.

@@ -14,6 +14,7 @@ from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import long_horizon as lh
 from agentic_grpo.tasks import sources
 from agentic_grpo.tasks import synthetic
+from agentic_grpo.train import evaluation
 
 
 class LongHorizonTasksTest(parameterized.TestCase):
@@ -109,6 +110,36 @@ class PiecesWorkflowTest(parameterized.TestCase):
   def _wf(self, k=4, **kw):
     return workflow.Workflow(workflow_config.WorkflowConfig(
         stages=("pieces",), num_pieces=k, reward_mode="all_pass", **kw), self.pool)
+
+  def test_held_out_stage_pass_share_is_the_all_pass_stage_reward(self):
+    # Each piece written to pass exactly one of its three examples (a lookup of the first):
+    # the all-pass stage reward the arms are trained on is 0 for every piece, the fraction
+    # the evaluation scores is 1/3. `eval/stage_pass/<stage>` is the former; the ablation's
+    # "share of pieces that pass their own examples" once read `eval/reward/<stage>`, the
+    # latter (0.555 at the long-horizon warm-start, against a pass share of 0.412).
+    tasks = list(lh.LongHorizonTasks().tasks("train", 0, 6))
+
+    def write(name, ctxs):
+      del ctxs
+      out = []
+      for t in tasks:
+        first = lh.pieces(t)[int(name[1:]) - 1].examples[0]
+        out.append(f"({first.expected!r} if x == {first.args[0]!r} else None)</code>")
+      return out
+
+    rewards = {}
+    for mode in ("all_pass", "fraction"):
+      wf = workflow.Workflow(workflow_config.WorkflowConfig(
+          stages=("pieces",), num_pieces=4, reward_mode=mode), self.pool)
+      _, results, _ = wf.rollout(tasks, write)
+      rewards[mode] = {r.stage: np.asarray(r.rewards)[:, None] for r in results}
+    metrics = evaluation.stage_metrics(rewards["fraction"])
+    for k in range(1, 5):
+      np.testing.assert_allclose(rewards["fraction"][f"g{k}"], 1 / 3)
+      self.assertAlmostEqual(metrics[f"eval/reward/g{k}"], 1 / 3)
+      self.assertEqual(metrics[f"eval/stage_pass/g{k}"], 0.0)
+      self.assertEqual(metrics[f"eval/stage_pass/g{k}"],
+                       float(np.mean(rewards["all_pass"][f"g{k}"])))
 
   def test_reference_episodes_earn_every_reward(self):
     wf = self._wf()

@@ -150,6 +150,22 @@ def headroom(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
   return out
 
 
+def stage_metrics(stages: dict[str, np.ndarray]) -> dict[str, float]:
+  """Per stage, from the evaluation's stage rewards (scored with `reward_mode='fraction'`, in
+  [0, 1]): `eval/reward/<stage>`, their mean (for a code-running stage the fraction of its
+  checks passed), and `eval/stage_pass/<stage>`, the share of episodes whose stage passed all
+  its checks (reward >= 1): the stage reward a run with `workflow.reward_mode='all_pass'` is
+  trained on. The two differ by the partial passes: a long-horizon piece that passes 2 of its
+  3 examples adds 2/3 to the first and 0 to the second.
+  """
+  out = {}
+  for name, r in stages.items():
+    r = np.asarray(r, np.float64)
+    out[f"eval/reward/{name}"] = float(np.mean(r))
+    out[f"eval/stage_pass/{name}"] = float(np.mean(r >= 1.0))
+  return out
+
+
 def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params: Any, *,
              sampled: bool, baseline: Optional[np.ndarray] = None
              ) -> tuple[dict[str, float], np.ndarray]:
@@ -162,7 +178,8 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
 
   Returns `(metrics, passed)`: `passed` is `[comp.eval_count]` bool, greedy pass per held-out
   task (in task order). `metrics` holds `eval/pass_at_1` with its binomial standard error
-  `eval/pass_at_1_stderr` over those tasks, `eval/num_tasks` (how many), and, given `baseline`
+  `eval/pass_at_1_stderr` over those tasks, `eval/num_tasks` (how many), the stage rewards
+  (`stage_metrics`: `eval/reward/<stage>` and `eval/stage_pass/<stage>`), and, given `baseline`
   (an earlier `passed`, e.g. the warm-start's), the paired gain over it `eval/pass_at_1_gain`
   with `eval/pass_at_1_gain_stderr` (`paired_gain`).
 
@@ -202,8 +219,7 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
                     len(baseline), len(passed))
   elif baseline is not None and len(passed) > 1:
     out["eval/pass_at_1_gain"], out["eval/pass_at_1_gain_stderr"] = paired_gain(baseline, passed)
-  for name, r in stages.items():
-    out[f"eval/reward/{name}"] = float(np.mean(r))
+  out.update(stage_metrics(stages))
   if sampled and cfg.eval.num_samples > 0:
     p = sampled_pass_at_k(
         comp, agent, params, comp.eval_tasks, total, cfg.task.eval_split,

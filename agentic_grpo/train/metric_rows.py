@@ -43,7 +43,10 @@ Every key of a row goes to `metrics.jsonl` and, as the same tag, to TensorBoard.
   `rl/episodes_per_s_phase` (`loop/episodes / rl/seconds`). Wall-clock numbers, like
   `seconds`, `tokens_per_s` and `pipeline/wall_seconds`: they differ between runs.
 * `eval/...` when the row evaluates (every `eval.every` updates and the final row,
-  `train.evaluation.evaluate`); with samples (the warm-start's last row and the final row) also
+  `train.evaluation.evaluate`), greedy on the held-out tasks; per stage `eval/reward/<stage>`
+  (scored as fractions: the mean fraction of the stage's checks passed) and
+  `eval/stage_pass/<stage>` (the share of episodes whose stage passed all its checks, the
+  reward of `workflow.reward_mode='all_pass'`, `evaluation.stage_metrics`); with samples (the warm-start's last row and the final row) also
   `eval/pass_at_<k>_sampled` and the headroom: `headroom/heldout_pass_at_1` and
   `headroom/heldout_pass_at_G` (G = `rl.group_size` attempts per held-out task at
   `rl.temperature`: the expected reward of one attempt and the share of tasks whose group holds
