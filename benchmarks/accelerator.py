@@ -3,8 +3,10 @@ r"""The accelerator run of `accelerator.sh`: a Qwen2.5-0.5B-shaped random model 
 On the first GPU or TPU device: `update_flops` (the update step's model FLOP/s against the
 chip's published dense bf16 peak, `PUBLISHED_PEAKS`; against the measured matmul peak where the
 chip is not in the table), `sampler` (our tokens/s at batch 16 and 64; `transformers` is not
-installed on the accelerator host) and `grpo_step` (our steady-state GRPO iterations/s; Tunix is
-left out for the same reason). Every part has its own time limit and a failing part is recorded
+installed on the accelerator host), `continuous` and `continuous_prefix` (`continuous_bench`:
+continuous against static batching on the long-tailed workload at batch 64 and 256, and reused
+conversation prefixes against re-prefill on the 4-stage conversations at 16 and 64 slots) and
+`grpo_step` (our steady-state GRPO iterations/s; Tunix is left out for the same reason). Every part has its own time limit and a failing part is recorded
 as failed, so that one run always leaves a results file.
 
 Usage (accelerator.sh does this):
@@ -27,6 +29,7 @@ import numpy as np
 
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
+from benchmarks import continuous_bench
 from benchmarks import report
 from benchmarks import update_flops
 
@@ -113,6 +116,12 @@ def main(argv):
           rows=_UPDATE_ROWS.value, length=512, dtypes=(("bfloat16", jnp.bfloat16),),
           matmul_size=_MATMUL.value),
       "sampler": lambda: _sampler(_PRESET.value),
+      "continuous": lambda: continuous_bench.run(batches=(64, 256), requests_per_slot=2,
+                                                 new_tokens=256, repeats=1,
+                                                 preset=_PRESET.value),
+      "continuous_prefix": lambda: continuous_bench.run_conversations(
+          batches=(16, 64), episodes_per_slot=2, new_tokens=128, repeats=1,
+          preset=_PRESET.value),
       "grpo_step": lambda: _grpo_step(_PRESET.value, _PART_TIMEOUT.value),
   }
   failed = []
@@ -137,7 +146,8 @@ if __name__ == "__main__":
   _RESULTS = flags.DEFINE_string("results", str(report.RESULTS), "JSON-lines file appended to.")
   _PRESET = flags.DEFINE_string("preset", "qwen2_0_5b",
                                 "Model shape (Qwen2.5-0.5B has the shape of `qwen2_0_5b`).")
-  _ONLY = flags.DEFINE_list("only", ["update_flops", "sampler", "grpo_step"], "Parts to run.")
+  _ONLY = flags.DEFINE_list("only", ["update_flops", "sampler", "continuous",
+                                     "continuous_prefix", "grpo_step"], "Parts to run.")
   _PART_TIMEOUT = flags.DEFINE_integer("part_timeout", 150, "Seconds allowed for grpo_step.")
   _MATMUL = flags.DEFINE_integer("matmul_size", 8192,
                                  "Side of the matmul measuring the peak (where none is published).")

@@ -90,7 +90,7 @@ def _continuous(graphdef, params, prompts, lengths, batch, new_tokens, stops):
 
 def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
         new_tokens: int = 256, prompt_min: int = 16, prompt_max: int = 64, sigma: float = 1.0,
-        repeats: int = 3) -> dict:
+        repeats: int = 3, preset: str = "tiny") -> dict:
   """Measures, prints the table, appends the results line; returns it.
 
   Args:
@@ -101,11 +101,12 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     prompt_min, prompt_max: prompt lengths, uniform.
     sigma: log-normal sigma of the completion lengths.
     repeats: timed runs per side (median).
+    preset: the random model's shape (`transformer.get_model_config`; its own dtype).
   """
   load_before = report.load_average()
   if quick:
     batches, new_tokens, repeats = (8, 16), 64, 1
-  config = transformer.get_model_config("tiny")
+  config = transformer.get_model_config(preset)
   graphdef, params = transformer.init_model(config, jax.random.key(0))
   rows, summary = [], {}
   for batch in batches:
@@ -141,7 +142,8 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     summary[f"mean_length_batch{batch}"] = round(float(drawn.mean()), 1)
   return report.record(
       "continuous",
-      settings={"model": "tiny preset, random, float32", "batches": list(batches),
+      settings={"model": f"{preset} preset, random, {jax.numpy.dtype(config.dtype).name}",
+                "device": jax.devices()[0].device_kind, "batches": list(batches),
                 "requests_per_slot": requests_per_slot, "new_tokens": new_tokens,
                 "prompt_lengths": [prompt_min, prompt_max], "sigma": sigma,
                 "median_length": new_tokens / 8, "repeats": repeats, "quick": quick,
@@ -211,7 +213,7 @@ def _episodes(graphdef, params, stages, batch, new_tokens, budget, reuse):
 def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slot: int = 4,
                       new_tokens: int = 128, prompt_min: int = 16, prompt_max: int = 64,
                       opening_min: int = 8, opening_max: int = 24, sigma: float = 1.0,
-                      budget_mib: int = 256, repeats: int = 3) -> dict:
+                      budget_mib: int = 256, repeats: int = 3, preset: str = "tiny") -> dict:
   """The conversation workload (module docstring): measures, prints the table, appends the
   results line (`continuous_prefix`); returns it.
 
@@ -225,12 +227,14 @@ def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slo
     sigma: log-normal sigma of the completion lengths.
     budget_mib: the prefix pool's budget.
     repeats: timed runs per side (median).
+    preset: the random model's shape (its own dtype; `max_seq_len` at least 4,096).
   """
   load_before = report.load_average()
   if quick:
     batches, new_tokens, repeats = (8,), 32, 1
   # The conversations outgrow the preset's 512 positions; a random model has no trained range.
-  config = transformer.get_model_config("tiny", max_seq_len=4096)
+  config = transformer.get_model_config(preset)
+  config = transformer.get_model_config(preset, max_seq_len=max(4096, config.max_seq_len))
   graphdef, params = transformer.init_model(config, jax.random.key(0))
   budget = budget_mib << 20
   rows, summary = [], {}
@@ -272,7 +276,9 @@ def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slo
     summary[f"speed_ratio_batch{batch}"] = round(speed_ratio, 3)
   return report.record(
       "continuous_prefix",
-      settings={"model": "tiny preset (max_seq_len 4096), random, float32",
+      settings={"model": f"{preset} preset (max_seq_len {config.max_seq_len}), random, "
+                         f"{jax.numpy.dtype(config.dtype).name}",
+                "device": jax.devices()[0].device_kind,
                 "batches": list(batches), "episodes_per_slot": episodes_per_slot, "stages": STAGES,
                 "new_tokens": new_tokens, "prompt_lengths": [prompt_min, prompt_max],
                 "opening_lengths": [opening_min, opening_max], "sigma": sigma,
