@@ -85,7 +85,7 @@ class AblationTest(absltest.TestCase):
         self.assertEmpty(provisional)
         outcome = (final - final.mean()) / final.std()
         targets = [(int(e), int(k), float(a)) for i in ready
-                   for e, k, a in zip(i.seg_episode, i.seg_stage, i.seg_advantage)]
+                   for e, k, a in zip(i.seg_episode, i.seg_stage, i.seg_advantage, strict=True)]
         self.assertLen(targets, 12)  # every piece of every member
         for e, k, a in targets:
           self.assertAlmostEqual(a, outcome[e], places=4, msg=(arm, e, k))

@@ -307,14 +307,14 @@ class PrefixReuseTest(parameterized.TestCase):
     never, never_stats = _run_stage_two(new, new_lengths, reuse_prefix="never",
                                         prefix_pool=pool,
                                         prefix_keys=[(r, 1) for r in range(_N)])
-    for a, b in zip(never, plain):  # bit for bit
+    for a, b in zip(never, plain, strict=True):  # bit for bit
       np.testing.assert_array_equal(a, b)
     self.assertEqual(never_stats._replace(prefix_versions=None), plain_stats)
     np.testing.assert_array_equal(never_stats.prefix_versions, [-1] * _N)
     # Saving the conversations does not change the outputs either.
     saving, saving_stats = _run_stage_two(new, new_lengths, prefix_pool=pool,
                                           save_keys=[(r, 2) for r in range(_N)])
-    for a, b in zip(saving, plain):
+    for a, b in zip(saving, plain, strict=True):
       np.testing.assert_array_equal(a, b)
     self.assertEqual(saving_stats.prefixes_saved, _N)
     self.assertLen(pool, 2 * _N)
@@ -329,7 +329,7 @@ class PrefixReuseTest(parameterized.TestCase):
     self.assertEqual((same_stats.prefix_hits, same_stats.prefix_misses), (0, _N))
     self.assertEqual(same_stats.reused_tokens, 0)
     np.testing.assert_array_equal(same_stats.prefix_versions, [-1] * _N)
-    for a, b in zip(same, full):
+    for a, b in zip(same, full, strict=True):
       np.testing.assert_array_equal(a, b)
     # The same weights under a new version number: reused, reported as version 0.
     always, always_stats = _run_stage_two(new, new_lengths, reuse_prefix="always",
