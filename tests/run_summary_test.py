@@ -78,6 +78,18 @@ class RunSummaryTest(absltest.TestCase):
     line = metric_rows.summary_line(summary, group_size=8, temperature=0.5)
     self.assertTrue(line.endswith("; RL 4.5 episodes/s; final reward 2.00 s (p95 5.00 s), "
                                   "2.0 versions (p95 4.0) after the last stage"), line)
+    # A resumed process has the versions of earlier landings but no seconds yet.
+    versions_only = {k: v for k, v in latency(1.0, 2.0, 3.0, 4.0).items() if "versions" in k}
+    row = metric_rows.rl_row([process(versions_only), process(latency(3.0, 5.0, 1.0, 2.0))], [])
+    self.assertEqual({k: v for k, v in row.items() if k.startswith("final/")},
+                     latency(3.0, 5.0, 2.0, 4.0))
+    row = metric_rows.rl_row([process(versions_only)], [])
+    self.assertEqual({k: v for k, v in row.items() if k.startswith("final/")}, versions_only)
+    history[-1] = {k: v for k, v in history[-1].items() if not k.startswith("final/latency_s")}
+    line = metric_rows.summary_line(metric_rows.run_summary(history), group_size=8,
+                                    temperature=0.5)
+    self.assertTrue(line.endswith("; final reward 2.0 versions (p95 4.0) after the last stage"),
+                    line)
     # Seconds are wall-clock keys; versions are not.
     self.assertIn("final/latency_s_p95", metric_rows.WALL_CLOCK)
     self.assertNotIn("final/latency_versions_p95", metric_rows.WALL_CLOCK)

@@ -202,7 +202,7 @@ def run_summary(history: Sequence[dict[str, Any]]) -> dict[str, float]:
                     ("rl/episodes_per_s_phase", "episodes_per_s")):
     if key in last:
       out[name] = float(last[key])
-  latency = next((r for r in reversed(rl) if "final/latency_s_mean" in r), {})
+  latency = next((r for r in reversed(rl) if any(f"final/{k}" in r for k in _LATENCY)), {})
   for key in _LATENCY:
     if f"final/{key}" in latency:
       out[f"final_{key}"] = float(latency[f"final/{key}"])
@@ -233,11 +233,15 @@ def summary_line(summary: dict[str, float], *, group_size: int, temperature: flo
                  f"nats")
   if "episodes_per_s" in summary:
     parts.append(f"RL {summary['episodes_per_s']:.1f} episodes/s")
+  late = []
   if "final_latency_s_mean" in summary:
-    parts.append(f"final reward {summary['final_latency_s_mean']:.2f} s (p95 "
-                 f"{summary['final_latency_s_p95']:.2f} s), "
-                 f"{summary['final_latency_versions_mean']:.1f} versions (p95 "
-                 f"{summary['final_latency_versions_p95']:.1f}) after the last stage")
+    late.append(f"{summary['final_latency_s_mean']:.2f} s (p95 "
+                f"{summary['final_latency_s_p95']:.2f} s)")
+  if "final_latency_versions_mean" in summary:
+    late.append(f"{summary['final_latency_versions_mean']:.1f} versions (p95 "
+                f"{summary['final_latency_versions_p95']:.1f})")
+  if late:
+    parts.append(f"final reward {', '.join(late)} after the last stage")
   return "RL: " + "; ".join(parts) if parts else ""
 
 
@@ -283,11 +287,14 @@ def rl_row(everyone: Sequence[dict[str, Any]], updates: Sequence[dict[str, Any]]
     for p in everyone:
       merged.update(p[group])
     row.update({f"{group}/{k}": float(v) for k, v in merged.items()})
-  latencies = [p["final_latency"] for p in everyone if p.get("final_latency")]
+  # A process has the seconds only for final rewards landed since it started (a resumed one
+  # may have the versions alone), and none before its first landing.
   for key in _LATENCY:
-    if latencies:
+    values = [p["final_latency"][f"final/{key}"] for p in everyone
+              if f"final/{key}" in p.get("final_latency", {})]
+    if values:
       pick = max if key.endswith("_p95") else np.mean
-      row[f"final/{key}"] = float(pick([x[f"final/{key}"] for x in latencies]))
+      row[f"final/{key}"] = float(pick(values))
   row["loop/data_position"] = float(sum(p["position"] for p in everyone))
   row["loop/epoch"] = float(min(p["epoch"] for p in everyone))
   return row
