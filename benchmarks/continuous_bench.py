@@ -88,6 +88,22 @@ def _continuous(graphdef, params, prompts, lengths, batch, new_tokens, stops):
   return np.asarray(jax.block_until_ready(out.lengths)), stats.prefill_tokens
 
 
+def _timed_sides(calls, repeats: int):
+  """Runs each of `calls` (`{side: () -> result}`) once untimed (compilation), then `repeats`
+  timed rounds in alternating side order; returns `({side: last result}, {side: median
+  seconds})`."""
+  names = tuple(calls)
+  for call in calls.values():
+    call()
+  results, timings = {}, {name: [] for name in names}
+  for r in range(repeats):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      start = time.perf_counter()
+      results[name] = calls[name]()
+      timings[name].append(time.perf_counter() - start)
+  return results, {name: statistics.median(t) for name, t in timings.items()}
+
+
 def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
         new_tokens: int = 256, prompt_min: int = 16, prompt_max: int = 64, sigma: float = 1.0,
         repeats: int = 3, preset: str = "tiny") -> dict:
@@ -119,17 +135,9 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     # Request i's one stop sequence: its own greedy completion's first drawn[i] tokens.
     stops = [[free[i, :length].tolist()] for i, length in enumerate(drawn)]
     sides = {"static": _static, "continuous": _continuous}
-    timings = {name: [] for name in sides}
-    results = {}
-    for name, fn in sides.items():  # warm-up: compilation
-      fn(graphdef, params, prompts, lengths, batch, new_tokens, stops)
-    for r in range(repeats):
-      for name in (("static", "continuous") if r % 2 == 0 else ("continuous", "static")):
-        start = time.perf_counter()
-        results[name] = sides[name](graphdef, params, prompts, lengths, batch, new_tokens,
-                                    stops)
-        timings[name].append(time.perf_counter() - start)
-    wall = {name: statistics.median(t) for name, t in timings.items()}
+    results, wall = _timed_sides(
+        {name: lambda fn=fn: fn(graphdef, params, prompts, lengths, batch, new_tokens, stops)
+         for name, fn in sides.items()}, repeats)
     useful = {name: int(results[name][0].sum()) for name in sides}
     speed = {name: useful[name] / wall[name] for name in sides}
     ratio = speed["continuous"] / speed["static"]
@@ -248,17 +256,10 @@ def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slo
     stages = conversations(episodes, new_tokens, prompt_min, prompt_max, opening_min,
                            opening_max, sigma, free_run)
     sides = {"re-prefill": False, "reuse": True}
-    timings = {name: [] for name in sides}
-    results = {}
-    for name, reuse in sides.items():  # warm-up: compilation
-      _episodes(graphdef, params, stages, batch, new_tokens, budget, reuse)
-    for r in range(repeats):
-      for name in (tuple(sides) if r % 2 == 0 else tuple(sides)[::-1]):
-        start = time.perf_counter()
-        results[name] = _episodes(graphdef, params, stages, batch, new_tokens, budget,
-                                  sides[name])
-        timings[name].append(time.perf_counter() - start)
-    wall = {name: statistics.median(t) for name, t in timings.items()}
+    results, wall = _timed_sides(
+        {name: lambda reuse=reuse: _episodes(graphdef, params, stages, batch, new_tokens,
+                                             budget, reuse)
+         for name, reuse in sides.items()}, repeats)
     useful = {name: int(sum(x.sum() for x in results[name][0])) for name in sides}
     per_episode = {name: results[name][1]["prefill_tokens"] / episodes for name in sides}
     prefill_ratio = per_episode["reuse"] / per_episode["re-prefill"]
