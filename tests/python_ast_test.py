@@ -9,6 +9,8 @@ imports the package.
 
 import ast
 import pathlib
+import subprocess
+import sys
 import threading
 
 from absl.testing import absltest
@@ -103,6 +105,23 @@ class PythonAstTest(parameterized.TestCase):
       python_ast.literal_eval("{[1]}")
     with self.assertRaises(SyntaxError):
       python_ast.literal_eval("[1,")
+
+  def test_compiler_warnings_about_data_are_not_shown(self):
+    # `"\\d"` and `1if` draw SyntaxWarnings ("invalid escape sequence", "invalid decimal
+    # literal"); turned into errors (`-W error`) they would make the data unparseable. A
+    # caller's own file name, and other code of the process, still warn.
+    script = ("import ast\n"
+              "from agentic_grpo.tasks import python_ast, task\n"
+              "print(python_ast.literal_eval('\"\\\\d\"'), task.parse_value(' \"\\\\d\"'))\n"
+              "print(type(python_ast.parse('1if x else 0', mode='eval').body).__name__)\n"
+              "for parse in (lambda s: python_ast.parse(s, filename='<mine>'), ast.parse):\n"
+              "  try:\n"
+              "    parse('1if x else 0')\n"
+              "  except SyntaxError:\n"
+              "    print('warned')\n")
+    out = subprocess.run([sys.executable, "-W", "error::SyntaxWarning", "-c", script],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    self.assertEqual(out.stdout, "\\d \\d\nIfExp\nwarned\nwarned\n")
 
   def test_parses_wait_for_each_other_and_the_lock_is_reentrant(self):
     done = threading.Event()

@@ -4,23 +4,18 @@
 defining the entry point, a HumanEval-style completion of the prompt) and returns runnable
 source, or raises `episodes.ParseError`; `compact_reference` is the reference solution in the
 shortest of those forms (the ideal output of the code and debug stages). Model outputs are
-parsed under their own file name, whose compiler warnings are not shown.
+parsed through `python_ast`, whose compiler warnings about data are not shown.
 """
 
 import ast
 import re
 from typing import Optional
-import warnings
 
 from agentic_grpo.agent import episodes as episodes_lib
 from agentic_grpo.tasks import python_ast
 from agentic_grpo.tasks import task as task_lib
 
 MAX_OUTPUT_CHARS = 20_000  # longer stage outputs are not parsed (reward 0)
-# The file name model outputs are parsed under: the compiler's SyntaxWarnings about them
-# (`1if x else y`: "invalid decimal literal") say nothing about the run and are not shown.
-_MODEL_SOURCE = "<model output>"
-warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_MODEL_SOURCE) + r"\Z")
 
 
 def parse_code(body: str, task: task_lib.Task) -> str:
@@ -42,13 +37,13 @@ def parse_code(body: str, task: task_lib.Task) -> str:
     raise episodes_lib.ParseError(f"code longer than {MAX_OUTPUT_CHARS} characters")
   if task.kind == task_lib.STDIO:  # a whole program: any module that parses
     try:
-      python_ast.parse(stripped, filename=_MODEL_SOURCE)
+      python_ast.parse(stripped)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
       raise episodes_lib.ParseError(f"program does not parse: {e}") from e
     return stripped + "\n"
   if "\n" not in stripped:
     try:
-      python_ast.parse(stripped, filename=_MODEL_SOURCE, mode="eval")
+      python_ast.parse(stripped, mode="eval")
       params = ",".join(task.param_names)
       return f"{task.code_context}def {task.entry_point}({params}): return {stripped}\n"
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -58,7 +53,7 @@ def parse_code(body: str, task: task_lib.Task) -> str:
       continue
     source = prefix + text
     try:
-      tree = python_ast.parse(source, filename=_MODEL_SOURCE)
+      tree = python_ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
       continue
     if any(isinstance(n, ast.FunctionDef) and n.name == task.entry_point for n in tree.body):

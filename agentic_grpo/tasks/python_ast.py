@@ -25,19 +25,29 @@ with the builtins: it runs in its own single-threaded process, outside this lock
 """
 
 import ast
+import re
 import threading
 from typing import Any, Union
+import warnings
 
 # Re-entrant: a garbage-collector finalizer may parse in the thread that holds the lock.
 _LOCK = threading.RLock()
+# The file name text is parsed under unless the caller names one: everything this package
+# parses is data (task rows, model outputs, check scripts, literals), and the compiler's
+# SyntaxWarnings about it (`1if x`: "invalid decimal literal", `"\d"`: "invalid escape
+# sequence") say nothing about the run, so they are not shown. The filter matches this name
+# alone: a caller's own file names, and every other source of the process, still warn.
+DATA_SOURCE = "<parsed data>"
+warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(DATA_SOURCE) + r"\Z")
 
 
-def parse(source: str, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:
+def parse(source: str, filename: str = DATA_SOURCE, mode: str = "exec") -> ast.AST:
   """`ast.parse(source, filename, mode)`, serialised with every other parse of the process.
 
   Args:
     source: Python source text.
-    filename: the name compiler messages and warnings carry (warning filters match it).
+    filename: the name compiler messages and warnings carry (warning filters match it);
+      under the default, `DATA_SOURCE`, SyntaxWarnings are not shown.
     mode: `exec` (a module), `eval` (one expression) or `single` (one interactive statement).
 
   Returns:
@@ -55,8 +65,9 @@ def parse(source: str, filename: str = "<unknown>", mode: str = "exec") -> ast.A
 def literal_eval(node_or_text: Union[str, ast.AST]) -> Any:
   """`ast.literal_eval(node_or_text)`, serialised with every other parse of the process.
 
-  Text is parsed (mode `eval`) then evaluated; an `ast` node is evaluated without parsing
-  (it takes the lock all the same: one rule for every call site).
+  Text is parsed (mode `eval`, under `DATA_SOURCE`: no SyntaxWarnings) then evaluated, as
+  `ast.literal_eval` does; an `ast` node is evaluated without parsing (it takes the lock all
+  the same: one rule for every call site).
 
   Raises:
     Whatever `ast.literal_eval` raises: ValueError (not a literal: a call, a name, an
@@ -64,4 +75,6 @@ def literal_eval(node_or_text: Union[str, ast.AST]) -> Any:
     element or dict key), and for text what `parse` raises.
   """
   with _LOCK:
+    if isinstance(node_or_text, str):
+      node_or_text = parse(node_or_text.lstrip(" \t"), DATA_SOURCE, "eval")  # re-entrant
     return ast.literal_eval(node_or_text)
