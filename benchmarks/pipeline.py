@@ -24,29 +24,30 @@ Usage:
   python -m benchmarks.pipeline read WORKDIR_OR_METRICS...    # runs that already finished
 """
 
-import ast
 import collections
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 
+from agentic_grpo import config as config_lib
 from benchmarks import report
 
 TASKS = ("default", "long_horizon")
 KINDS = ("provisional", "correction", "final")
 
 
-def task_config(task: str, quick: bool, overrides: Any = ()) -> ml_collections.ConfigDict:
+def task_config(task: str, quick: bool,
+                overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """The run config of one task: a short RL phase, logged every step, no checkpoints;
-  `overrides`: `(section.field, value)` pairs set last.
+  `overrides`: `SECTION.FIELD=VALUE` strings set last (`config.apply_overrides`).
 
   Raises:
-    ValueError: for a task not in `TASKS`.
+    ValueError: for a task not in `TASKS`, or a bad override (`config.apply_overrides`).
   """
   if task not in TASKS:
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -71,9 +72,7 @@ def task_config(task: str, quick: bool, overrides: Any = ()) -> ml_collections.C
   c.log.plot = False
   c.log.tensorboard = False
   c.checkpoint.every = 0
-  for key, value in overrides:
-    section, field = key.split(".")
-    c[section][field] = value
+  config_lib.apply_overrides(c, overrides)
   return c
 
 
@@ -190,8 +189,7 @@ def _train(argv: list[str]) -> None:
   task, workdir = argv[:2]
   rest = argv[2:]
   quick = "quick" in rest
-  overrides = [(k, ast.literal_eval(v)) for k, v in (a.split("=", 1) for a in rest if "=" in a)]
-  train.run(task_config(task, quick, overrides), workdir)
+  train.run(task_config(task, quick, [a for a in rest if "=" in a]), workdir)
 
 
 if __name__ == "__main__":

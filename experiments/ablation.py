@@ -37,7 +37,6 @@ holds its workdir's lock, and a copy skips the arms another is running):
         --tasks=long_horizon,default --episode_budget=1024
 """
 
-import ast
 import json
 import os
 import shutil
@@ -184,7 +183,7 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
   (`ROOT/TASK/warmstart/seed0`); the arm runs keep their own seed (RL sampling keys).
   `episode_budget` replaces the config's when > 0. `overrides` (`SECTION.FIELD=VALUE`, e.g.
   `optim.learning_rate=1e-4`: the same in every arm's RL phase; the shared warm-start keeps its
-  own config) are applied last (`apply_overrides`).
+  own config) are applied last (`config.apply_overrides`).
 
   Raises:
     ValueError: a malformed override, or one that names no config field.
@@ -212,7 +211,7 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
         cfg = arm_config(task, arm, seed, **options)
         if episode_budget:
           cfg.rl.episode_budget = episode_budget
-        apply_overrides(cfg, overrides)
+        config_lib.apply_overrides(cfg, overrides)
         try:
           with run_lock.WorkdirLock(wd):  # never seed under a run in progress
             _seed_from(warm, wd)
@@ -226,31 +225,6 @@ def run_all(root: str, tasks: Sequence[str], arms: Sequence[str], seeds: Sequenc
                      "warmstart_pass_at_1": out["warmstart_pass_at_1"]}, f)
         ran.append(wd)
   return ran
-
-
-def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
-  """Sets each `SECTION.FIELD=VALUE` of `overrides` in `cfg` (VALUE a Python literal, else a
-  string).
-
-  Raises:
-    ValueError: an override without `=`, naming a field `cfg` lacks, or of the wrong type.
-  """
-  for item in overrides:
-    path, sep, text = item.partition("=")
-    parts = path.strip().split(".")
-    node = cfg
-    for part in parts[:-1]:
-      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
-    if not sep or not isinstance(node, ml_collections.ConfigDict) or parts[-1] not in node:
-      raise ValueError(f"override {item!r} must be SECTION.FIELD=VALUE naming a config field")
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    try:
-      node[parts[-1]] = value
-    except TypeError as e:  # ml_collections keeps a field's type
-      raise ValueError(f"override {item!r}: {e}") from None
 
 
 def main(argv: Sequence[str]) -> None:

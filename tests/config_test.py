@@ -178,6 +178,21 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.rl.group_size, 4)
     self.assertEqual(cfg.rl.rows_per_update, 32)
 
+  def test_string_overrides_set_fields_and_name_a_bad_one(self):
+    c = tiny_codegen.get_config()
+    config_lib.apply_overrides(c, ["optim.learning_rate=2e-4", "rl.rows_per_update=16",
+                                   "optim.schedule=constant", "rl.buckets=(128, 256)",
+                                   "workflow.stages=('code',)", "rl.dynamic_sampling=True"])
+    cfg = config_lib.from_config_dict(c)
+    self.assertEqual((cfg.optim.learning_rate, cfg.rl.rows_per_update, cfg.optim.schedule,
+                      tuple(cfg.rl.buckets), tuple(cfg.workflow.stages), cfg.rl.dynamic_sampling),
+                     (2e-4, 16, "constant", (128, 256), ("code",), True))
+    for bad in ("optim.learning_rat=1e-4", "rl.rows_per_update", "nope.x=1", "rl=1",
+                "rl.rows_per_update='many'", "rl.rows_per_update.x=1"):
+      with self.subTest(bad), self.assertRaisesRegex(ValueError, "override"):
+        config_lib.apply_overrides(c, [bad])
+    self.assertEqual(c.rl.rows_per_update, 16)  # a bad override changes nothing
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -37,6 +37,13 @@ class PipelineMetricsTest(absltest.TestCase):
     self.assertAlmostEqual(row["pipeline/row_padding_final"], 0.0)
     self.assertAlmostEqual(row["pipeline/row_padding_fraction"], 1 - 11 / 14)
 
+  def test_task_config_takes_string_overrides_and_names_a_bad_one(self):
+    c = pipeline.task_config("default", quick=True,
+                             overrides=["rl.pack_prefix=False", "optim.learning_rate=2e-4"])
+    self.assertEqual((c.rl.pack_prefix, c.optim.learning_rate, c.rl.num_steps), (False, 2e-4, 6))
+    with self.assertRaisesRegex(ValueError, "override"):
+      pipeline.task_config("default", quick=True, overrides=["rl.pack_prefx=False"])
+
   def test_shapes_of_no_update(self):
     self.assertEqual(metric_rows.pipeline_shapes([]), {})
 

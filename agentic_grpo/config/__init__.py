@@ -16,7 +16,9 @@ in the module that implements them (`core.advantages.TARGET_MODES`, `core.losses
 * `model_task`: `ModelSection`, `TaskSection` (what is trained on what);
 * `algorithm`: `RLSection`;
 * `optimization`: `WarmstartSection`;
-* `runtime`: `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`.
+* `runtime`: `EvalSection`, `CheckpointSection`, `LogSection`, `MeshSection`;
+* `overrides`: `apply_overrides` (`SECTION.FIELD=VALUE` strings set in a `ConfigDict`, for
+  drivers that build several configs in one process).
 
 Sections kept by their owners, assembled here and re-exported: `LossSection` and
 `OptimSection` (`learner/sections.py`), `CorrectionSection` and `ReplaySection`
@@ -28,6 +30,7 @@ from agentic_grpo.config.algorithm import RLSection
 from agentic_grpo.config.model_task import ModelSection
 from agentic_grpo.config.model_task import TaskSection
 from agentic_grpo.config.optimization import WarmstartSection
+from agentic_grpo.config.overrides import apply_overrides
 from agentic_grpo.config.runtime import CheckpointSection
 from agentic_grpo.config.runtime import EvalSection
 from agentic_grpo.config.runtime import LogSection
@@ -45,6 +48,6 @@ from agentic_grpo.sandbox.sections import SandboxSection
 __all__ = [
     "CheckpointSection", "CorrectionSection", "EvalSection", "LogSection", "LossSection",
     "MeshSection", "ModelSection", "OptimSection", "RLSection", "ReplaySection", "SECTION_ORDER",
-    "SandboxSection", "TaskSection", "TrainConfig", "WarmstartSection", "from_config_dict",
-    "to_dict",
+    "SandboxSection", "TaskSection", "TrainConfig", "WarmstartSection", "apply_overrides",
+    "from_config_dict", "to_dict",
 ]
