@@ -11,7 +11,13 @@ requests, prompts (ragged, `--prompt_min`..`--prompt_max` tokens) and stop table
 
 * static: `sampler.sample` over consecutive chunks of `batch` requests; each chunk decodes
   until its longest row stops;
-* continuous: `continuous.sample` with `batch` slots over all requests.
+* continuous: `continuous.sample` with `batch` slots over all requests;
+* transformers (at `hf_batches`): `generate` of a `transformers` Llama with the same weights
+  (made and saved by `hf_generate_worker.py` in its own environment, `requirements-hf.txt`, and
+  read into ours by `hf_import`), greedy, over the same chunks of `batch` requests left-padded,
+  each row stopped at its drawn length by a per-row stopping criterion: the static batching of
+  the library most rollouts are written with. It times itself in its process (one untimed run
+  first, then the median of `repeats`), one torch thread, as the sampler benchmark does.
 
 Useful tokens are generated tokens that are not padding (the sum of `lengths`, stop tokens
 included). Compilation is excluded (a first run of each side on the same workload); the timed
@@ -41,7 +47,12 @@ Usage:
 """
 
 import collections
+import dataclasses
+import json
+import pathlib
 import statistics
+import subprocess
+import tempfile
 import time
 
 from absl import app
@@ -50,10 +61,14 @@ import jax
 import numpy as np
 
 from agentic_grpo.models import continuous
+from agentic_grpo.models import hf_import
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import report
+from benchmarks import venvs
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def workload(n: int, max_new_tokens: int, prompt_min: int, prompt_max: int, sigma: float,
@@ -88,6 +103,35 @@ def _continuous(graphdef, params, prompts, lengths, batch, new_tokens, stops):
   return np.asarray(jax.block_until_ready(out.lengths)), stats.prefill_tokens
 
 
+def _hf_worker(python: str, *args) -> str:
+  proc = subprocess.run([python, str(HERE / "hf_generate_worker.py"), *map(str, args)],
+                        capture_output=True, text=True, timeout=3600, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"hf_generate_worker failed (exit {proc.returncode}):\n"
+                       f"{proc.stderr[-4000:]}")
+  return proc.stdout
+
+
+def _hf_model(python: str, config, d: pathlib.Path):
+  """Our `params` of a random `transformers` Llama of `config`'s shape, saved in `d`."""
+  fields = {k: v for k, v in dataclasses.asdict(config).items()
+            if isinstance(v, (int, float, bool, str))}
+  _hf_worker(python, "make", d, f"--config={json.dumps(fields)}")
+  return hf_import.load_hf_checkpoint(d)[1]
+
+
+def _hf_long_tail(python: str, d: pathlib.Path, prompts, lengths, drawn, batch: int,
+                  new_tokens: int, repeats: int):
+  """`transformers` `generate` on the workload: `(lengths generated [n], median wall s, versions)`."""
+  np.save(d / "lt_prompts.npy", prompts)
+  np.save(d / "lt_lengths.npy", lengths)
+  np.save(d / "lt_drawn.npy", drawn)
+  out = json.loads(_hf_worker(python, "longtail", d, f"--batch={batch}",
+                              f"--new_tokens={new_tokens}", f"--repeats={repeats}"
+                              ).strip().splitlines()[-1])
+  return np.load(d / "hf_lengths.npy"), out["wall_s"], out["versions"]
+
+
 def _timed_sides(calls, repeats: int):
   """Runs each of `calls` (`{side: () -> result}`) once untimed (compilation), then `repeats`
   timed rounds in alternating side order; returns `({side: last result}, {side: median
@@ -106,7 +150,7 @@ def _timed_sides(calls, repeats: int):
 
 def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
         new_tokens: int = 256, prompt_min: int = 16, prompt_max: int = 64, sigma: float = 1.0,
-        repeats: int = 3, preset: str = "tiny") -> dict:
+        repeats: int = 3, preset: str = "tiny", hf_batches=(64,)) -> dict:
   """Measures, prints the table, appends the results line; returns it.
 
   Args:
@@ -118,13 +162,32 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     sigma: log-normal sigma of the completion lengths.
     repeats: timed runs per side (median).
     preset: the random model's shape (`transformer.get_model_config`; its own dtype).
+    hf_batches: the batches at which `transformers` `generate` runs too (module docstring; its
+      environment is built on first use); () for none. Quick runs have none.
   """
   load_before = report.load_average()
   if quick:
-    batches, new_tokens, repeats = (8, 16), 64, 1
+    batches, new_tokens, repeats, hf_batches = (8, 16), 64, 1, ()
+  hf_batches = tuple(b for b in hf_batches if b in batches)
   config = transformer.get_model_config(preset)
-  graphdef, params = transformer.init_model(config, jax.random.key(0))
-  rows, summary = [], {}
+  with tempfile.TemporaryDirectory() as tmp:
+    python = venvs.python_for("hf") if hf_batches else None
+    if hf_batches:
+      graphdef, _ = transformer.abstract_model(config)
+      params = _hf_model(python, config, pathlib.Path(tmp))
+    else:
+      graphdef, params = transformer.init_model(config, jax.random.key(0))
+    return _run_long_tail(graphdef, params, config, python, pathlib.Path(tmp), quick=quick,
+                          batches=batches, requests_per_slot=requests_per_slot,
+                          new_tokens=new_tokens, prompt_min=prompt_min, prompt_max=prompt_max,
+                          sigma=sigma, repeats=repeats, preset=preset, hf_batches=hf_batches,
+                          load_before=load_before)
+
+
+def _run_long_tail(graphdef, params, config, python, tmp, *, quick, batches, requests_per_slot,
+                   new_tokens, prompt_min, prompt_max, sigma, repeats, preset, hf_batches,
+                   load_before) -> dict:
+  rows, summary, versions = [], {}, {}
   for batch in batches:
     n = requests_per_slot * batch
     prompts, lengths, drawn = workload(n, new_tokens, prompt_min, prompt_max, sigma)
@@ -138,15 +201,31 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     results, wall = _timed_sides(
         {name: lambda fn=fn: fn(graphdef, params, prompts, lengths, batch, new_tokens, stops)
          for name, fn in sides.items()}, repeats)
-    useful = {name: int(results[name][0].sum()) for name in sides}
-    speed = {name: useful[name] / wall[name] for name in sides}
+    names = list(sides)
+    if batch in hf_batches:
+      hf_lengths, wall["transformers"], v = _hf_long_tail(python, tmp, prompts, lengths, drawn,
+                                                          batch, new_tokens, repeats)
+      versions.update(v)
+      bucket_rows = sum(min(batch, n - s) * int(lengths[s:s + batch].max())
+                        for s in range(0, n, batch))
+      results["transformers"] = (hf_lengths, bucket_rows)
+      names.append("transformers")
+    useful = {name: int(results[name][0].sum()) for name in names}
+    speed = {name: useful[name] / wall[name] for name in names}
     ratio = speed["continuous"] / speed["static"]
-    for name in sides:
+    for name in names:
       rows.append([batch, n, new_tokens, name, f"{useful[name]}", f"{wall[name]:.2f}",
                    f"{speed[name]:.0f}", f"{results[name][1]}", f"{int(lengths.sum())}",
                    f"{np.mean(results[name][0] == drawn):.1%}",
-                   f"{ratio:.2f}x" if name == "continuous" else ""])
+                   f"{ratio:.2f}x" if name == "continuous" else "",
+                   f"{speed['continuous'] / speed['transformers']:.2f}x"
+                   if name == "continuous" and "transformers" in speed else ""])
     summary[f"ratio_batch{batch}"] = round(ratio, 3)
+    if "transformers" in speed:
+      summary[f"vs_transformers_batch{batch}"] = round(
+          speed["continuous"] / speed["transformers"], 3)
+      summary[f"static_vs_transformers_batch{batch}"] = round(
+          speed["static"] / speed["transformers"], 3)
     summary[f"mean_length_batch{batch}"] = round(float(drawn.mean()), 1)
   return report.record(
       "continuous",
@@ -155,11 +234,11 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
                 "requests_per_slot": requests_per_slot, "new_tokens": new_tokens,
                 "prompt_lengths": [prompt_min, prompt_max], "sigma": sigma,
                 "median_length": new_tokens / 8, "repeats": repeats, "quick": quick,
-                "greedy": True},
+                "greedy": True, "transformers_batches": list(hf_batches), "torch_threads": 1},
       header=["batch / slots", "requests", "max new", "side", "useful tokens", "wall s",
               "useful tokens/s", "prefill tokens", "prompt tokens", "lengths as drawn",
-              "continuous / static"],
-      rows=rows, summary=summary, load_before=load_before)
+              "continuous / static", "continuous / transformers"],
+      rows=rows, summary=summary, load_before=load_before, versions=versions)
 
 
 STAGES = 4

@@ -8,6 +8,13 @@ environment built from `requirements-hf.txt`. Two commands:
   time DIR --batch=N ...      greedy `generate` of `--new_tokens` tokens (no stop token) for
                               DIR/prompts.npy; writes DIR/hf_tokens.npy and prints one JSON
                               line with the median wall and CPU seconds and the warm-up time
+  longtail DIR --batch=N ...  the long-tailed workload of `continuous_bench`: DIR/lt_prompts.npy
+                              (right-padded), DIR/lt_lengths.npy (prompt lengths) and
+                              DIR/lt_drawn.npy (each request's completion length), greedy
+                              `generate` over chunks of `--batch` requests, left-padded, each row
+                              stopped at its drawn length by a per-row stopping criterion (the
+                              chunk decodes until its longest row stops, as static batching
+                              does); writes DIR/hf_lengths.npy and prints the same JSON line
 """
 
 import argparse
@@ -65,14 +72,68 @@ def _time(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
           "tokens": tokens}
 
 
+class _StopAtLength(transformers.StoppingCriteria):
+  """Row i of a chunk is done once it has generated `drawn[i]` tokens (a `[batch]` verdict per
+  step: `generate` pads a finished row from then on and stops when every row is done)."""
+
+  def __init__(self, prompt_len: int, drawn: np.ndarray):
+    self.prompt_len = prompt_len
+    self.drawn = torch.from_numpy(drawn).long()
+
+  def __call__(self, input_ids, scores, **kwargs):
+    return (input_ids.shape[1] - self.prompt_len) >= self.drawn
+
+
+def _chunk_inputs(prompts: np.ndarray, lengths: np.ndarray):
+  """Left-padded `input_ids` and `attention_mask` `[b, max(lengths)]` of right-padded prompts."""
+  width = int(lengths.max())
+  ids = np.zeros((prompts.shape[0], width), np.int64)
+  mask = np.zeros_like(ids)
+  for i, n in enumerate(lengths):
+    ids[i, width - n:] = prompts[i, :n]
+    mask[i, width - n:] = 1
+  return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _time_long_tail(model, prompts, lengths, drawn, batch: int, new_tokens: int,
+                    repeats: int) -> dict:
+  chunks = [(*_chunk_inputs(prompts[s:s + batch], lengths[s:s + batch]), drawn[s:s + batch])
+            for s in range(0, prompts.shape[0], batch)]
+
+  def generate():
+    out = []
+    for ids, mask, d in chunks:
+      with torch.inference_mode():
+        seq = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0,
+                             stopping_criteria=transformers.StoppingCriteriaList(
+                                 [_StopAtLength(ids.shape[1], d)]))
+      generated = seq.shape[1] - ids.shape[1]
+      out.append(np.minimum(d, generated))  # a row stops at its drawn length (or the cap)
+    return np.concatenate(out)
+
+  start = time.perf_counter()
+  generate()
+  warm = time.perf_counter() - start
+  wall, cpu = [], []
+  for _ in range(repeats):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    got = generate()
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu), "warm_s": warm,
+          "lengths": got}
+
+
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("command", choices=("make", "time"))
+  parser.add_argument("command", choices=("make", "time", "longtail"))
   parser.add_argument("dir")
   parser.add_argument("--config", default="{}")
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--threads", type=int, default=1)
+  parser.add_argument("--batch", type=int, default=64)
   a = parser.parse_args()
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   d = pathlib.Path(a.dir)
@@ -81,8 +142,13 @@ def main():
     return
   torch.set_num_threads(a.threads)
   model = transformers.LlamaForCausalLM.from_pretrained(d).eval()
-  out = _time(model, np.load(d / "prompts.npy"), a.new_tokens, a.repeats)
-  np.save(d / "hf_tokens.npy", out.pop("tokens"))
+  if a.command == "longtail":
+    out = _time_long_tail(model, np.load(d / "lt_prompts.npy"), np.load(d / "lt_lengths.npy"),
+                          np.load(d / "lt_drawn.npy"), a.batch, a.new_tokens, a.repeats)
+    np.save(d / "hf_lengths.npy", out.pop("lengths"))
+  else:
+    out = _time(model, np.load(d / "prompts.npy"), a.new_tokens, a.repeats)
+    np.save(d / "hf_tokens.npy", out.pop("tokens"))
   print(json.dumps(dict(out, versions={"torch": torch.__version__,
                                        "transformers": transformers.__version__})))
 

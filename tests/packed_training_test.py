@@ -59,8 +59,13 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(rl.packed_lengths(), {128: 256, 192: 384})
     self.assertEqual(dataclasses.replace(rl, packed_buckets=(192, 192)).packed_lengths(),
                      {128: 192, 192: 192})
+    # One length: every bucket's rows at least that long (one row shape for both here).
+    self.assertEqual(dataclasses.replace(rl, packed_buckets=(384,)).packed_lengths(),
+                     {128: 384, 192: 384})
+    self.assertEqual(dataclasses.replace(rl, packed_buckets=(160,)).packed_lengths(),
+                     {128: 160, 192: 192})
 
-  @parameterized.parameters((512,), (256, 128), (256, 512, 1024))
+  @parameterized.parameters((0,), (256, 128), (256, 512, 1024))
   def test_bad_packed_buckets(self, *buckets):
     cfg = config_lib.TrainConfig()
     cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, pack_prefix=True,

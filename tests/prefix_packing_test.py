@@ -39,13 +39,20 @@ _CONFIG = transformer.ModelConfig(
     qkv_bias=True, tie_embeddings=False, max_seq_len=256)
 
 
-def _brute_mask(branches):
+def _brute_mask(branches, positions=None):
+  """The tree mask by its definition; `positions`: trees start at branch 0 and position 0."""
   n, t = branches.shape
   out = np.zeros((n, t, t), bool)
   for r in range(n):
+    tree, trees = 0, []
+    for q in range(t):
+      if q > 0 and positions is not None and branches[r, q] == 0 and positions[r, q] == 0:
+        tree += 1
+      trees.append(tree)
     for q in range(t):
       for k in range(q + 1):
-        out[r, q, k] = branches[r, k] == 0 or branches[r, k] == branches[r, q]
+        out[r, q, k] = (trees[k] == trees[q]
+                        and (branches[r, k] == 0 or branches[r, k] == branches[r, q]))
   return out
 
 
@@ -105,13 +112,21 @@ def _items(batch):
   for r in range(u.tokens.shape[0]):
     if not u.sample_weights[r]:
       continue
-    b = np.zeros(u.tokens.shape[1], np.int32) if u.branches is None else u.branches[r]
-    if not b.any():  # one item: the row as it is (padding at its end)
-      slots = [np.arange(u.tokens.shape[1])]
-    else:
-      prefix = int(np.argmax(b > 0))
-      slots = [np.concatenate([np.arange(prefix), np.flatnonzero(b == i)])
-               for i in range(1, b.max() + 1)]
+    t = u.tokens.shape[1]
+    b = np.zeros(t, np.int32) if u.branches is None else u.branches[r]
+    pos = np.arange(t) if u.positions is None else u.positions[r]
+    starts = list(np.flatnonzero((b == 0) & (pos == 0))) + [t]  # where each tree starts
+    slots = []
+    for lo, hi in zip(starts[:-1], starts[1:]):
+      tree = b[lo:hi]
+      if not tree.any():  # one item: the tree as it is, up to the row's trailing padding
+        n = hi - lo if lo == 0 else int(np.argmin(np.append(pos[lo:hi] == np.arange(hi - lo),
+                                                             False)))
+        slots.append(lo + np.arange(n))
+      else:
+        prefix = int(np.argmax(tree > 0))
+        slots.extend(lo + np.concatenate([np.arange(prefix), np.flatnonzero(tree == i)])
+                     for i in range(1, tree.max() + 1))
     for s in slots:
       if u.positions is not None:  # each item at the positions of its own row
         np.testing.assert_array_equal(u.positions[r, s], np.arange(len(s)))
@@ -177,6 +192,68 @@ class TreeMaskTest(parameterized.TestCase):
     branches[0] = [0, 0, 0, 1, 1, 2, 2, 2, 3, 0, 0]  # a layout with padding at its end
     np.testing.assert_array_equal(np.asarray(packing.tree_mask(jnp.asarray(branches))),
                                   _brute_mask(branches))
+
+  def test_several_trees_mask_equals_brute_force(self):
+    # Two trees and a single row in one packed row: [p p 1 1 2 | q q q 1 2 2 | r r r | pad].
+    branches = np.array([[0, 0, 1, 1, 2, 0, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0]], np.int32)
+    positions = np.array([[0, 1, 2, 3, 2, 0, 1, 2, 3, 3, 4, 0, 1, 2, 14, 15]], np.int32)
+    mask = np.asarray(packing.tree_mask(jnp.asarray(branches), jnp.asarray(positions)))
+    np.testing.assert_array_equal(mask, _brute_mask(branches, positions))
+    self.assertFalse(mask[0, 5:, :5].any())  # no tree sees another
+    self.assertFalse(mask[0, 11:, :11].any())
+    np.testing.assert_array_equal(
+        np.asarray(packing.tree_starts(jnp.asarray(positions), jnp.asarray(branches)))[0],
+        [0] * 5 + [5] * 6 + [11] * 5)
+    # A suffix's first token is scored from its own tree's prefix end; a tree's first token
+    # from the slot before it (never a loss token; its log-prob is set to 0).
+    np.testing.assert_array_equal(
+        np.asarray(packing.predictor_slots(jnp.asarray(positions), jnp.asarray(branches)))[0],
+        [0, 0, 1, 2, 1, 4, 5, 6, 7, 7, 9, 10, 11, 12, 13, 14])
+
+  def test_several_trees_give_each_its_unpacked_logprobs(self):
+    """Two trees side by side in one row: every token's log-prob is its unpacked row's."""
+    graphdef, params, _ = _params()
+    rng = np.random.default_rng(5)
+    p1, p2 = rng.integers(0, VOCAB, 5), rng.integers(0, VOCAB, 7)
+    rows = [np.concatenate([p1, rng.integers(0, VOCAB, 3)]),
+            np.concatenate([p1, rng.integers(0, VOCAB, 4)]),
+            np.concatenate([p2, rng.integers(0, VOCAB, 2)]),
+            rng.integers(0, VOCAB, 6)]
+    t = 32
+    tokens = np.zeros((1, t), np.int32)
+    positions = np.arange(t, dtype=np.int32)[None].copy()
+    branches = np.zeros((1, t), np.int32)
+    where = []  # the slots of each row
+    start = 0
+    for members, prefix in (([0, 1], 5), ([2], 9), ([3], 6)):
+      offset = start + prefix
+      for b, k in enumerate(members):
+        n = len(rows[k])
+        if len(members) == 1:
+          slots = start + np.arange(n)
+        else:
+          slots = np.concatenate([start + np.arange(prefix), offset + np.arange(n - prefix)])
+          branches[0, offset:offset + n - prefix] = b + 1
+          offset += n - prefix
+        tokens[0, slots] = rows[k]
+        positions[0, slots] = np.arange(n)
+        where.append(slots)
+      start = offset if len(members) > 1 else start + len(rows[members[0]])
+    fn = jax.jit(steps_lib._token_logprobs, static_argnums=(0, 3))
+    transform = core_types.SamplingTransform(temperature=1.0)
+    packed = np.asarray(fn(graphdef, params, jnp.asarray(tokens), transform,
+                           jnp.asarray(positions), jnp.asarray(branches))[0])[0]
+    for k, row in enumerate(rows):
+      plain = np.asarray(fn(graphdef, params, jnp.asarray(row[None].astype(np.int32)),
+                            transform)[0])[0]
+      np.testing.assert_allclose(packed[where[k]], plain, atol=2e-5, rtol=0)
+
+  def test_place_trees(self):
+    rows = batching.place_trees([30, 10, 25, 5, 20], 40)
+    self.assertEqual(rows, [[(0, 0), (1, 30)], [(2, 0), (3, 25)], [(4, 0)]])
+    self.assertEqual(batching.place_trees([40], 40), [[(0, 0)]])
+    with self.assertRaisesRegex(ValueError, "does not fit"):
+      batching.place_trees([41], 40)
 
   def test_all_prefix_is_causal(self):
     mask = np.asarray(packing.tree_mask(jnp.zeros((1, 6), jnp.int32)))[0]
@@ -269,6 +346,7 @@ class PackedLayoutTest(parameterized.TestCase):
     batch = _take_all(_replay(True, shared_start=True))
     u = batch.update
     self.assertLess(batch.stats["rows"], batch.stats["items"])  # packing happened
+    self.assertLess(batch.stats["rows"], batch.stats["trees"])  # trees share rows
     self.assertGreater(batch.stats["shared_prefix_tokens"], 0)
     for r in range(u.tokens.shape[0]):
       if u.branches[r].any():

@@ -60,8 +60,10 @@ class RLSection:
   Every token's log-prob is its row's (up to float reordering), so the update takes the same
   rows, with the same loss and gradient, in fewer token slots: with the tiny default most of a
   row is its prompt. The rows of an update taken from length bucket `buckets[i]` are packed
-  into rows of `packed_buckets[i]` tokens (`()`: twice each bucket), a power-of-two row count
-  as without packing, so packing compiles no more update steps. The prefix ends before any
+  into rows of `packed_buckets[i]` tokens (`()`: twice each bucket; one length `(L,)`: rows of
+  `max(L, bucket)` for every bucket, so that the buckets share one row shape), a power-of-two
+  row count as without packing, so packing compiles no more update steps. A row holds the
+  trees (a shared prefix and its suffixes) of several groups side by side (`core.packing`). The prefix ends before any
   packed row's first loss token. It applies only where the loss is additive over a row's tokens
   (`core.losses.segments_additive`: not with `loss.ratio_level='sequence'` nor
   `loss.aggregation='seq_mean_token_mean'`, where it is silently off, as
@@ -133,7 +135,8 @@ class RLSection:
       reward landing in the replay (>= 0; see above).
     pack_prefix: shared-prefix packing of an update's rows (see above).
     packed_buckets: with pack_prefix, the packed row length of each of `buckets` (as many,
-      each at least its bucket); `()` = twice each bucket.
+      each at least its bucket); `()` = twice each bucket; `(L,)` = `max(L, bucket)` for
+      every bucket.
     sampler: `'static'` or `'continuous'` batching of the sampler (see above).
     sampler_slots: with sampler='continuous', rows decoded at once (0 = every row of a
       call); a multiple of the mesh's batch axes' size.
@@ -167,8 +170,11 @@ class RLSection:
   prefix_cache_mb: int = 1024
 
   def packed_lengths(self) -> dict[int, int]:
-    """`{bucket: packed row length}`: `packed_buckets`, or twice each of `buckets`."""
-    packed = self.packed_buckets or tuple(2 * b for b in self.buckets)
+    """`{bucket: packed row length}`: `packed_buckets`, twice each of `buckets` for `()`, or
+    `max(L, bucket)` for `(L,)`."""
+    packed = tuple(self.packed_buckets) or tuple(2 * b for b in self.buckets)
+    if len(packed) == 1:
+      packed = tuple(max(int(packed[0]), int(b)) for b in self.buckets)
     return {int(b): int(n) for b, n in zip(self.buckets, packed)}
 
   def validate(self, path: str) -> None:
@@ -185,10 +191,12 @@ class RLSection:
                  f"the continuous sampler's), got rl.sampler={self.sampler!r}",
                  self.reuse_prefix)
     packed = tuple(self.packed_buckets)
-    checks.check(packed == () or (len(packed) == len(self.buckets) and all(
-        n >= b for b, n in zip(self.buckets, packed))), f"{path}.packed_buckets",
-                 f"must be () (twice each of rl.buckets) or one length per rl.buckets entry "
-                 f"{tuple(self.buckets)}, each at least its bucket", packed)
+    checks.check(packed == () or (len(packed) == 1 and int(packed[0]) >= 1) or (
+        len(packed) == len(self.buckets) and all(
+            n >= b for b, n in zip(self.buckets, packed))), f"{path}.packed_buckets",
+                 f"must be () (twice each of rl.buckets), one length L >= 1 (max(L, bucket) for "
+                 f"every bucket) or one length per rl.buckets entry {tuple(self.buckets)}, each "
+                 f"at least its bucket", packed)
     checks.check(self.dynamic_sampling_max_batches >= 0, f"{path}.dynamic_sampling_max_batches",
                  "must be >= 0 (0 = no cap)", self.dynamic_sampling_max_batches)
     checks.check(self.pass_rate_filter == () or (

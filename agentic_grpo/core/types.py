@@ -46,8 +46,9 @@ class UpdateBatch(NamedTuple):
 
   A *packed* batch (shared-prefix packing, `core.packing`) also has `positions` and
   `branches`: several token rows that share a prefix hold it once, `[prefix | suffix_1 |
-  suffix_2 | ...]`; every per-token field is in that packed layout. Both are None in an
-  unpacked batch (positions `0 .. T - 1`, the plain causal mask).
+  suffix_2 | ...]` (a tree), and a row may hold several trees side by side; every per-token
+  field is in that packed layout. Both are None in an unpacked batch (positions `0 .. T - 1`,
+  the plain causal mask).
 
   Attributes:
     tokens: `[N, T]` int32 token ids.
@@ -56,7 +57,8 @@ class UpdateBatch(NamedTuple):
     advantages: `[N, T]` float32 per-token advantage (staleness weight folded in).
     sample_weights: `[N]` float32 row weights (1 for real rows, 0 for padding rows).
     positions: None, or `[N, T]` int32 rotary positions of each token in its own row.
-    branches: None, or `[N, T]` int32: 0 on a row's shared prefix, i > 0 on its suffix i.
+    branches: None, or `[N, T]` int32: 0 on a tree's shared prefix, i > 0 on its suffix i (a
+      tree starts at each slot of branch 0 and position 0).
   """
   tokens: Any
   loss_mask: Any

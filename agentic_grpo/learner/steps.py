@@ -43,18 +43,21 @@ def _aligned_entropy(logits, loss_mask, transform: core_types.SamplingTransform)
 
 def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTransform,
                     positions=None, branches=None):
-  """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]`, and
-  `logits[:, t]` scores `tokens[:, t + 1]`.
+  """`(logprobs [N, T], logits [N, T, V])`, aligned: entry t scores `tokens[:, t]` (0 at a
+  row's or a tree's first token), and `logits[:, t]` scores `tokens[:, t + 1]`.
 
   With `positions` and `branches` (a packed batch, `core.packing`) the forward uses the tree
   mask and the logits come back in that unpacked order (`core.packing.shifted_logits`: the
   first token of a suffix is scored from the prefix's last slot)."""
   if branches is None:
     logits, _ = transformer.apply(graphdef, params, tokens, _positions(tokens))
-  else:
-    logits, _ = transformer.apply(graphdef, params, tokens, positions, branches=branches)
-    logits = packing.shifted_logits(logits, positions, branches)
-  return _aligned_logprobs(logits, tokens, transform), logits
+    return _aligned_logprobs(logits, tokens, transform), logits
+  logits, _ = transformer.apply(graphdef, params, tokens, positions, branches=branches)
+  logits = packing.shifted_logits(logits, positions, branches)
+  # A tree's first token is scored by nothing of its own (`core.packing`): 0, as a row's first.
+  lp = jnp.where(packing.starts_tree(positions, branches), 0.0,
+                 _aligned_logprobs(logits, tokens, transform))
+  return lp, logits
 
 
 Batch = core_types.UpdateBatch | core_types.SFTBatch

@@ -20,8 +20,8 @@ Attention masking is by storage order plus validity: a query attends to keys
 stored at or before its own slot whose `segment_mask` entry is True. Positions
 only drive the rotary embedding, so right-padded rows, ragged prompts in a KV
 cache and empty cache slots all use the same rule. A packed learner row
-(`branches`, `core.packing`) adds one more: a query sees only its shared prefix
-and its own suffix.
+(`branches`, `core.packing`) adds one more: a query sees only its own tree's
+shared prefix and its own suffix.
 """
 
 import dataclasses
@@ -541,7 +541,7 @@ class Transformer(nnx.Module):
     else:
       mask = (k_slots[None, None, :] <= q_slots[:, :, None]) & valid[:, None, :]
     if branches is not None:  # shared-prefix packing (no cache): prefix or own branch only
-      mask = mask & packing.tree_mask(branches)
+      mask = mask & packing.tree_mask(branches, positions)
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
@@ -647,9 +647,10 @@ def apply(
       token's), and the last block's MLP runs on those tokens alone. The
       cache is filled as without it.
     branches: optional `[N, T]` int32 of a packed row (shared-prefix packing, no cache;
-      `core.packing`): 0 on the shared prefix, i > 0 on suffix i; a query then attends only
-      to keys at or before its slot whose branch is 0 or its own, with `positions` continuing
-      from the prefix in each suffix. None (default): the plain causal mask.
+      `core.packing`): 0 on a tree's shared prefix, i > 0 on its suffix i, a tree starting
+      at each slot of branch 0 and position 0; a query then attends only to keys at or before
+      its slot, in its tree, whose branch is 0 or its own, with `positions` continuing from
+      the prefix in each suffix. None (default): the plain causal mask.
 
   Returns:
     `(logits [N, T, V] float32, new_cache)` (`[N, 1, V]` with `logits_at`);

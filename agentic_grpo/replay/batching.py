@@ -25,10 +25,11 @@ token is shared, and the per-token loss terms (advantages, behaviour log-probs, 
 staleness weights, per segment through the `token_segment` owners) are carried over token by
 token. Only for a loss additive over a row's tokens (`core.losses.segments_additive`): the
 caller decides, as for corrections. Items are found by their tokens, not their group: sorted
-by token row, runs of neighbours that share a prefix are packed into the fewest rows that fit
-(`plan_packs`), of the one packed row length of the items' length bucket
-(`PrefixPacking.lengths`: a batch's shape is a row bucket times that length, so packing
-compiles no more update steps than one row per item). Which items an update takes, and
+by token row, runs of neighbours that share a prefix are packed into the fewest trees that fit
+a row (`plan_packs`), and the trees into the fewest rows, several side by side (`place_trees`,
+`core.packing`: a tree attends only within itself), of the one packed row length of the items'
+length bucket (`PrefixPacking.lengths`: a batch's shape is a row bucket times that length, so
+packing compiles no more update steps than one row per item). Which items an update takes, and
 therefore every update's loss, is unchanged.
 """
 
@@ -329,46 +330,81 @@ def _packed_rows(rows: int, max_rows: int, granule: int) -> int:
   return row_bucket(rows, max_rows, granule)
 
 
+def place_trees(lengths: Sequence[int], row_length: int) -> list[list[tuple[int, int]]]:
+  """Bins trees of `lengths` tokens (each at most `row_length`) into the fewest rows it finds:
+  first fit, longest first (ties in input order).
+
+  Returns:
+    One list per row of `(tree index, slot offset)`, in slot order; rows in order of their
+    first placement.
+
+  Raises:
+    ValueError: a tree longer than `row_length`.
+  """
+  if any(n > row_length for n in lengths):
+    raise ValueError(f"a tree of {max(lengths)} tokens does not fit a row of {row_length}")
+  rows: list[list[tuple[int, int]]] = []
+  used: list[int] = []
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    r = next((r for r, u in enumerate(used) if u + lengths[i] <= row_length), len(rows))
+    if r == len(rows):
+      rows.append([])
+      used.append(0)
+    rows[r].append((i, used[r]))
+    used[r] += lengths[i]
+  return rows
+
+
 def _assemble_packed(chosen: list[tuple[records.Item, np.ndarray]], n_max: int, t: int,
                      granule: int, stats: collections.Counter) -> records.Batch:
-  """The packed batch of the chosen items (module docstring): rows of `t` tokens, at most
-  `n_max` of them (fewer when items share prefixes), a multiple of `granule` where it can be."""
+  """The packed batch of the chosen items (module docstring): trees of items that share a
+  prefix (`plan_packs`), several to a row of `t` tokens (`place_trees`), at most `n_max` rows
+  (fewer as trees share rows), a multiple of `granule` where it can be."""
   items = [item for item, _ in chosen]
   weighted = [_weighted(item, w) for item, w in chosen]
   first_loss = [int(np.argmax(m)) if m.any() else m.shape[0] for m, _, _ in weighted]
   packs = plan_packs([item.tokens for item in items], first_loss, t)
-  n = _packed_rows(len(packs), n_max, granule)
+  tree_lengths = [packed_length([items[k].length for k in members], prefix)
+                  for members, prefix in packs]
+  placed = place_trees(tree_lengths, t)
+  n = _packed_rows(len(placed), n_max, granule)
   update = core_types.UpdateBatch.padding(n, t, packed=True)
   kinds, segments = [], []
   shared = 0
-  for r, (members, prefix) in enumerate(packs):
-    offset = prefix
-    for b, k in enumerate(members):
-      item, (mask, blp, adv) = items[k], weighted[k]
-      length = item.length
-      if len(members) == 1:
-        slots = np.arange(length)
-      else:
-        slots = np.concatenate([np.arange(prefix), offset + np.arange(length - prefix)])
-        update.branches[r, offset:offset + length - prefix] = b + 1
-        offset += length - prefix
-      update.tokens[r, slots] = item.tokens
-      update.positions[r, slots] = np.arange(length, dtype=np.int32)
-      update.loss_mask[r, slots] |= mask
-      update.behaviour_logprobs[r, slots] = np.where(
-          mask, blp, update.behaviour_logprobs[r, slots])
-      update.advantages[r, slots] = np.where(mask, adv, update.advantages[r, slots])
-      kinds.append(item.kind)
-      segments.extend((int(e), int(s), float(a * wk)) for e, s, a, wk in
-                      zip(item.seg_episode, item.seg_stage, item.seg_advantage, chosen[k][1]))
-      stats[f"rows_{item.kind}"] += 1
+  for r, row in enumerate(placed):
+    for tree, start in row:
+      members, prefix = packs[tree]
+      offset = start + prefix
+      for b, k in enumerate(members):
+        item, (mask, blp, adv) = items[k], weighted[k]
+        length = item.length
+        if len(members) == 1:
+          slots = start + np.arange(length)
+        else:
+          slots = np.concatenate([start + np.arange(prefix),
+                                  offset + np.arange(length - prefix)])
+          update.branches[r, offset:offset + length - prefix] = b + 1
+          offset += length - prefix
+        update.tokens[r, slots] = item.tokens
+        update.positions[r, slots] = np.arange(length, dtype=np.int32)
+        update.loss_mask[r, slots] |= mask
+        update.behaviour_logprobs[r, slots] = np.where(
+            mask, blp, update.behaviour_logprobs[r, slots])
+        update.advantages[r, slots] = np.where(mask, adv, update.advantages[r, slots])
+        kinds.append(item.kind)
+        segments.extend((int(e), int(s), float(a * wk)) for e, s, a, wk in
+                        zip(item.seg_episode, item.seg_stage, item.seg_advantage, chosen[k][1]))
+        stats[f"rows_{item.kind}"] += 1
+      if len(members) > 1:
+        shared += (len(members) - 1) * prefix
+        stats["packed_items"] += len(members)
+    # Slots after the row's last tree keep the padding layout's positions (slot index, never 0
+    # there, so no tree starts in them): branch 0 of the last tree, outside the loss.
     update.sample_weights[r] = 1.0
-    if len(members) > 1:
-      shared += (len(members) - 1) * prefix
-      stats["packed_items"] += len(members)
   mask = update.loss_mask
   stats["items"] = len(items)
-  stats["rows"] = len(packs)
+  stats["rows"] = len(placed)
+  stats["trees"] = len(packs)
   stats["row_slots"] = n
   stats["token_slots"] = n * t
   stats["item_tokens"] = int(sum(item.length for item in items))

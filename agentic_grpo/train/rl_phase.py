@@ -219,7 +219,6 @@ class RLPhase:
              "position": s.rl_stream.position, "epoch": s.rl_stream.epoch(),
              "stats": [stats for _, stats in self.updates],
              "final_latency": s.agent.final_latency(),
-             "final_latency": s.agent.final_latency(),
              "replay": {k: s.replay.counters.get(k, 0) for k in metric_rows.REPLAY_TOTALS}}
     episodes = s.coord.total(s.agent.counters["episodes"] - self.episodes_logged)
     now = time.time()
