@@ -122,7 +122,8 @@ def _hf_model(python: str, config, d: pathlib.Path):
 
 def _hf_long_tail(python: str, d: pathlib.Path, prompts, lengths, drawn, batch: int,
                   new_tokens: int, repeats: int):
-  """`transformers` `generate` on the workload: `(lengths generated [n], median wall s, versions)`."""
+  """`transformers` `generate` on the workload: `(lengths generated [n], median wall s,
+  versions)`."""
   np.save(d / "lt_prompts.npy", prompts)
   np.save(d / "lt_lengths.npy", lengths)
   np.save(d / "lt_drawn.npy", drawn)

@@ -63,7 +63,15 @@ class ChatRunTest(parameterized.TestCase):
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(reloaded), strict=True):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
-  def test_stdio_chat_run_is_token_in_token_out_and_resumes(self):
+  @parameterized.named_parameters(
+      ("static", {}),
+      # The real stdio run's sampler (experiments/qwen2_5_coder_1_5b_stdio.py: continuous
+      # batching), here with each turn continuing from the previous turn's saved cache.
+      # Six updates: saved prefixes are not checkpointed, so turns reuse only after the
+      # resume's first new episode batch.
+      ("continuous_reused_prefixes", {"sampler": "continuous", "sampler_slots": 1,
+                                      "reuse_prefix": "always", "num_steps": 6}))
+  def test_stdio_chat_run_is_token_in_token_out_and_resumes(self, rl):
     """Competitive-programming problems judged on stdin/stdout (`stdio` source, two layouts,
     references checked in the sandbox at load time), code -> tests -> debug, one device."""
     tmp = self.create_tempdir().full_path
@@ -77,36 +85,39 @@ class ChatRunTest(parameterized.TestCase):
         "the answer.\n```python\nn = int(input())\nprint(n)\n```\n'1 2\\n' -> '3\\n'"]
     ids = chat_checkpoint.write_checkpoint(ckpt, texts)
     task = {"source": "stdio", "path": data, "stdio_layout": "auto"}
-    self._run_and_check(ckpt, ids, task, ("code", "tests", "debug"), {"data": 1})
+    self._run_and_check(ckpt, ids, task, ("code", "tests", "debug"), {"data": 1}, rl)
 
-  def _run_and_check(self, ckpt, ids, task, stages, mesh) -> str:
-    """Two RL updates in the `chat` format (stop after one, resume), recording every sampler
-    call and every row the learner gets; checks token in, token out turn by turn, the loss
-    masks and pass@k in `metrics.jsonl`. Returns the workdir."""
+  def _run_and_check(self, ckpt, ids, task, stages, mesh, rl=None) -> str:
+    """RL updates in the `chat` format (two unless `rl` says; stop after one, resume),
+    recording every sampler call and every row the learner gets; checks token in, token out
+    turn by turn, the loss masks and pass@k in `metrics.jsonl`. Returns the workdir."""
     cfg = config_lib.from_config_dict({
         "model": {"source": "hf", "path": ckpt},
         "task": dict(task, heldout_fraction=0.5, eval_size=2),
         "workflow": {"prompt_format": "chat", "stages": stages,
                      "max_new_tokens": 12, "max_obs_chars": 80},
         "rl": {"tasks_per_batch": 1, "group_size": 2, "rows_per_update": 4,
-               "buckets": (512,), "batches_in_flight": 1, "num_steps": 2},
+               "buckets": (512,), "batches_in_flight": 1, "num_steps": 2, **(rl or {})},
         "warmstart": {"steps": 0},
         "eval": {"every": 0, "num_samples": 2, "k": (1, 2)},
         "replay": {"skip_zero_advantage": False},
         "checkpoint": {"every": 1}, "log": {"progress_bar": False},
         "mesh": mesh})
-    samples, rows = [], []
+    samples, rows, reused = [], [], []
     make_sample_fn, add_stage = device_lib.make_sample_fn, replay_lib.StagedReplay.add_stage
 
     def recording_make_sample_fn(*args, **kwargs):
       inner = make_sample_fn(*args, **kwargs)
 
-      def sample_fn(params, prompts, lengths, counter, greedy):
-        tokens, out_len, logprobs = inner(params, prompts, lengths, counter, greedy)
+      def sample_fn(params, prompts, lengths, counter, greedy, **kwargs):
+        out = inner(params, prompts, lengths, counter, greedy, **kwargs)
+        tokens, out_len = out[:2]
         for p, n, t, m in zip(prompts, lengths, np.asarray(tokens), np.asarray(out_len),
                               strict=True):
           samples.append((tuple(p[:n].tolist()), tuple(t[:m].tolist())))
-        return tokens, out_len, logprobs
+        if len(out) == 4:  # reused prefixes: the call's counts
+          reused.append(out[3]["prefix_reused_tokens"])
+        return out
       return sample_fn
 
     def recording_add_stage(replay, episode_ids, k, stage_rows, masks, *args):
@@ -120,7 +131,7 @@ class ChatRunTest(parameterized.TestCase):
         mock.patch.object(replay_lib.StagedReplay, "add_stage", recording_add_stage):
       self.assertEqual(train.run(cfg, workdir, pool=pool, stop_after=1)["step"], 1)
       result = train.run(cfg, workdir, pool=pool)
-    self.assertEqual(result["step"], 2)
+    self.assertEqual(result["step"], cfg.rl.num_steps)
 
     # Token in, token out, turn by turn.
     sampled = {}  # context -> the generations sampled from it (a group shares its prompt)
@@ -151,6 +162,11 @@ class ChatRunTest(parameterized.TestCase):
       metrics = [json.loads(line) for line in f]
     evals = [m for m in metrics if "eval/pass_at_1" in m]
     self.assertNotEmpty(evals)
+    if (rl or {}).get("reuse_prefix", "never") != "never":
+      # Later turns started from the earlier turns' saved caches, and the ids above are still
+      # the sampler's own.
+      self.assertGreater(sum(reused), 0)
+      self.assertGreater(sum(m.get("loop/prefix_hits", 0) for m in metrics), 0)
     self.assertTrue(any("eval/pass_at_2_sampled" in m for m in metrics), sorted(metrics[-1]))
     return workdir
 

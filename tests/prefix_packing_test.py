@@ -117,7 +117,7 @@ def _items(batch):
     pos = np.arange(t) if u.positions is None else u.positions[r]
     starts = list(np.flatnonzero((b == 0) & (pos == 0))) + [t]  # where each tree starts
     slots = []
-    for lo, hi in zip(starts[:-1], starts[1:]):
+    for lo, hi in zip(starts[:-1], starts[1:], strict=True):
       tree = b[lo:hi]
       if not tree.any():  # one item: the tree as it is, up to the row's trailing padding
         n = hi - lo if lo == 0 else int(np.argmin(np.append(pos[lo:hi] == np.arange(hi - lo),
