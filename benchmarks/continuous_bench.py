@@ -47,11 +47,9 @@ Usage:
 """
 
 import collections
-import dataclasses
 import json
 import pathlib
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -61,14 +59,12 @@ import jax
 import numpy as np
 
 from agentic_grpo.models import continuous
-from agentic_grpo.models import hf_import
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import report
+from benchmarks import sampler as sampler_benchmark
 from benchmarks import venvs
-
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def workload(n: int, max_new_tokens: int, prompt_min: int, prompt_max: int, sigma: float,
@@ -103,23 +99,6 @@ def _continuous(graphdef, params, prompts, lengths, batch, new_tokens, stops):
   return np.asarray(jax.block_until_ready(out.lengths)), stats.prefill_tokens
 
 
-def _hf_worker(python: str, *args) -> str:
-  proc = subprocess.run([python, str(HERE / "hf_generate_worker.py"), *map(str, args)],
-                        capture_output=True, text=True, timeout=3600, check=False)
-  if proc.returncode:
-    raise RuntimeError(f"hf_generate_worker failed (exit {proc.returncode}):\n"
-                       f"{proc.stderr[-4000:]}")
-  return proc.stdout
-
-
-def _hf_model(python: str, config, d: pathlib.Path):
-  """Our `params` of a random `transformers` Llama of `config`'s shape, saved in `d`."""
-  fields = {k: v for k, v in dataclasses.asdict(config).items()
-            if isinstance(v, (int, float, bool, str))}
-  _hf_worker(python, "make", d, f"--config={json.dumps(fields)}")
-  return hf_import.load_hf_checkpoint(d)[1]
-
-
 def _hf_long_tail(python: str, d: pathlib.Path, prompts, lengths, drawn, batch: int,
                   new_tokens: int, repeats: int):
   """`transformers` `generate` on the workload: `(lengths generated [n], median wall s,
@@ -127,7 +106,7 @@ def _hf_long_tail(python: str, d: pathlib.Path, prompts, lengths, drawn, batch: 
   np.save(d / "lt_prompts.npy", prompts)
   np.save(d / "lt_lengths.npy", lengths)
   np.save(d / "lt_drawn.npy", drawn)
-  out = json.loads(_hf_worker(python, "longtail", d, f"--batch={batch}",
+  out = json.loads(sampler_benchmark.hf_worker(python, "longtail", d, f"--batch={batch}",
                               f"--new_tokens={new_tokens}", f"--repeats={repeats}"
                               ).strip().splitlines()[-1])
   return np.load(d / "hf_lengths.npy"), out["wall_s"], out["versions"]
@@ -175,7 +154,7 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     python = venvs.python_for("hf") if hf_batches else None
     if hf_batches:
       graphdef, _ = transformer.abstract_model(config)
-      params = _hf_model(python, config, pathlib.Path(tmp))
+      params = sampler_benchmark.hf_model_params(python, config, pathlib.Path(tmp))
     else:
       graphdef, params = transformer.init_model(config, jax.random.key(0))
     return _run_long_tail(graphdef, params, config, python, pathlib.Path(tmp), quick=quick,

@@ -48,6 +48,22 @@ def hf_model(c: dict):
   return model
 
 
+def _timed(generate, repeats: int, name: str) -> dict:
+  """One untimed call of `generate`, then `repeats` timed ones: median wall and CPU seconds,
+  the first call's seconds, and the last call's result under `name`."""
+  start = time.perf_counter()
+  generate()
+  warm = time.perf_counter() - start
+  wall, cpu = [], []
+  for _ in range(repeats):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    result = generate()
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu), "warm_s": warm,
+          name: result}
+
+
 def _time(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
   input_ids = torch.from_numpy(prompts).long()
   attention_mask = torch.ones_like(input_ids)
@@ -59,17 +75,7 @@ def _time(model, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
                            do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[:, prompts.shape[1]:].numpy()
 
-  start = time.perf_counter()
-  generate()
-  warm = time.perf_counter() - start
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    tokens = generate()
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu), "warm_s": warm,
-          "tokens": tokens}
+  return _timed(generate, repeats, "tokens")
 
 
 class _StopAtLength(transformers.StoppingCriteria):
@@ -112,17 +118,7 @@ def _time_long_tail(model, prompts, lengths, drawn, batch: int, new_tokens: int,
       out.append(np.minimum(d, generated))  # a row stops at its drawn length (or the cap)
     return np.concatenate(out)
 
-  start = time.perf_counter()
-  generate()
-  warm = time.perf_counter() - start
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    got = generate()
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu), "warm_s": warm,
-          "lengths": got}
+  return _timed(generate, repeats, "lengths")
 
 
 def main():

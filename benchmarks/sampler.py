@@ -35,13 +35,27 @@ HERE = pathlib.Path(__file__).resolve().parent
 CASES = ((16, 64, 128), (64, 128, 64))
 
 
-def _hf(python: str, *args) -> str:
+def hf_worker(python: str, *args) -> str:
+  """Runs `hf_generate_worker.py ARGS` with the `hf` environment's `python`; its stdout.
+
+  Raises:
+    RuntimeError: the worker failed (its stderr's tail in the message).
+  """
   proc = subprocess.run([python, str(HERE / "hf_generate_worker.py"), *map(str, args)],
-                        capture_output=True, text=True, timeout=1800, check=False)
+                        capture_output=True, text=True, timeout=3600, check=False)
   if proc.returncode:
     raise RuntimeError(f"hf_generate_worker failed (exit {proc.returncode}):\n"
                        f"{proc.stderr[-4000:]}")
   return proc.stdout
+
+
+def hf_model_params(python: str, config, d: pathlib.Path):
+  """Our `params` of a random `transformers` Llama of `config`'s shape, made by the worker and
+  saved in `d` (`save_pretrained`), read back with `hf_import`: both sides run one model."""
+  fields = {k: v for k, v in dataclasses.asdict(config).items()
+            if isinstance(v, (int, float, bool, str))}
+  hf_worker(python, "make", d, f"--config={json.dumps(fields)}")
+  return hf_import.load_hf_checkpoint(d)[1]
 
 
 def _ours(graphdef, params, prompts, new_tokens, repeats) -> dict:
@@ -83,10 +97,7 @@ def run(quick: bool = False, *, rounds: int = 3, repeats: int = 3, cases=CASES) 
   rows, summary, versions = [], {}, {}
   with tempfile.TemporaryDirectory() as tmp:
     d = pathlib.Path(tmp)
-    fields = {k: v for k, v in dataclasses.asdict(config).items()
-              if isinstance(v, (int, float, bool, str))}
-    _hf(python, "make", d, f"--config={json.dumps(fields)}")
-    _, params = hf_import.load_hf_checkpoint(d)
+    params = hf_model_params(python, config, d)
     graphdef, _ = transformer.abstract_model(config)
     for batch, prompt_len, new_tokens in cases:
       prompts = np.random.RandomState(1).randint(0, 256, (batch, prompt_len)).astype(np.int32)
@@ -97,7 +108,7 @@ def run(quick: bool = False, *, rounds: int = 3, repeats: int = 3, cases=CASES) 
           if side == "ours":
             ours.append(_ours(graphdef, params, prompts, new_tokens, repeats))
           else:
-            out = json.loads(_hf(python, "time", d, f"--new_tokens={new_tokens}",
+            out = json.loads(hf_worker(python, "time", d, f"--new_tokens={new_tokens}",
                                  f"--repeats={repeats}").strip().splitlines()[-1])
             versions.update(out.pop("versions"))
             out["tokens"] = np.load(d / "hf_tokens.npy")
