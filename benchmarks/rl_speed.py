@@ -89,14 +89,19 @@ def summarise(rows: Sequence[dict[str, Any]], settle: int) -> dict[str, float]:
   rl = [r for r in rows if r.get("phase") == "rl"]
   if not rl:
     raise ValueError("the run logged no RL row")
+  # Episodes finished by each RL row: a row without the counter has the last one logged.
+  finished, last = [], 0.0
+  for r in rl:
+    last = float(r.get("loop/episodes", last))
+    finished.append(last)
   wall = sum(r.get("pipeline/wall_seconds", 0.0) for r in rl)
-  episodes = float(rl[-1]["loop/episodes"])
+  episodes = finished[-1]
   out = {"updates": len(rl), "episodes": episodes, "rl_wall_s": round(wall, 2),
          "episodes_per_s": round(episodes / wall, 3)}
   if len(rl) > settle:
     later = rl[settle:]
     w = sum(r.get("pipeline/wall_seconds", 0.0) for r in later)
-    e = episodes - float(rl[settle - 1]["loop/episodes"]) if settle else episodes
+    e = episodes - finished[settle - 1] if settle else episodes
     out.update(settled_wall_s=round(w, 2), settled_episodes=e,
                settled_episodes_per_s=round(e / w, 3))
   for part in ("learner", "sampler", "sandbox"):

@@ -60,6 +60,13 @@ class SummariseTest(absltest.TestCase):
     self.assertAlmostEqual(got["learner_s"], 7.0)
     self.assertEqual(got["token_slots"], 300.0)
 
+  def test_a_row_without_the_episode_counter_carries_the_last(self):
+    rows = [_row(2, 0, 10.0), _row(3, 128, 2.0), _row(4, 128, 2.0), _row(5, 256, 2.0)]
+    del rows[2]["loop/episodes"]  # an update row logged between two harvests
+    got = rl_speed.summarise(rows, settle=3)
+    self.assertAlmostEqual(got["settled_episodes_per_s"], 128 / 2.0)
+    self.assertEqual(got["episodes"], 256.0)
+
   def test_no_rl_row_is_an_error(self):
     with self.assertRaisesRegex(ValueError, "no RL row"):
       rl_speed.summarise([{"step": 1, "phase": "warmstart"}], settle=0)
