@@ -123,8 +123,7 @@ def _child(argv: Sequence[str]) -> None:
   c = pipeline.task_config(task, False)
   c.warmstart.steps = int(ws)
   c.rl.num_steps = int(steps)
-  ours = pathlib.Path(tree).resolve() == ROOT
-  if ours:
+  if overrides:  # this tree's side only (the baseline may predate `apply_overrides`)
     config_lib.apply_overrides(c, overrides)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "resolved_config.json"), "w") as f:
@@ -192,8 +191,7 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
       for side, tree in (("baseline", base_tree), ("ours", ROOT)):
         wd = os.path.join(root, task, side)
         overrides = () if side == "baseline" else (*SETTINGS[task], *speed)
-        done = os.path.join(wd, "metrics.jsonl")
-        if not (os.path.exists(os.path.join(wd, "DONE"))):
+        if not os.path.exists(os.path.join(wd, "DONE")):
           _run_child(sys.executable, tree, task, wd, warmstart_steps, steps[task], overrides,
                      config_only=True)
           if side == "ours":
@@ -204,7 +202,7 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
               raise ValueError(f"{task}: the sides' configs differ: " + "; ".join(differ))
           _run_child(sys.executable, tree, task, wd, warmstart_steps, steps[task], overrides)
           open(os.path.join(wd, "DONE"), "w").close()
-        with open(done) as f:
+        with open(os.path.join(wd, "metrics.jsonl")) as f:
           got[side] = summarise([json.loads(line) for line in f], settle)
       for side in ("baseline", "ours"):
         g = got[side]

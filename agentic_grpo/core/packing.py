@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 
-def starts_tree(positions: jax.Array, branches: jax.Array) -> jax.Array:
+def is_tree_start(positions: jax.Array, branches: jax.Array) -> jax.Array:
   """`[N, T]` bool: the slots where a tree starts (branch 0 at position 0, and slot 0). Such a
   token is never scored: its log-prob is 0, as a row's first token's."""
   slots = jnp.arange(branches.shape[1])[None, :]
@@ -42,7 +42,7 @@ def tree_starts(positions: jax.Array, branches: jax.Array) -> jax.Array:
   """`[N, T]` int32: the slot where each token's tree starts (module docstring: the last slot
   at or before it of branch 0 and position 0; slot 0 starts the row's first tree)."""
   slots = jnp.arange(branches.shape[1], dtype=jnp.int32)[None, :]
-  return jax.lax.cummax(jnp.where(starts_tree(positions, branches), slots, 0), axis=1)
+  return jax.lax.cummax(jnp.where(is_tree_start(positions, branches), slots, 0), axis=1)
 
 
 def tree_mask(branches: jax.Array, positions: jax.Array | None = None) -> jax.Array:

@@ -55,7 +55,7 @@ def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTran
   logits, _ = transformer.apply(graphdef, params, tokens, positions, branches=branches)
   logits = packing.shifted_logits(logits, positions, branches)
   # A tree's first token is scored by nothing of its own (`core.packing`): 0, as a row's first.
-  lp = jnp.where(packing.starts_tree(positions, branches), 0.0,
+  lp = jnp.where(packing.is_tree_start(positions, branches), 0.0,
                  _aligned_logprobs(logits, tokens, transform))
   return lp, logits
 
