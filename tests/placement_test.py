@@ -256,6 +256,29 @@ class ShardedModelTest(parameterized.TestCase):
       self.assertTrue(got.is_equivalent_to(shardings.cache(_N, slots).k[0], 4), slots)
     self.assertGreater(float(np.abs(want[0].logprobs).max()), 0.1)  # non-trivial log-probs
 
+  @parameterized.named_parameters(("data8", (8, 1, 1)), ("data2_fsdp2_tensor2", (2, 2, 2)))
+  def test_shared_prefill_sharded_equals_one_device(self, shape):
+    """The shared-prefix prefill (`prefix_group`) on a mesh: its groups' rows (fewer than the
+    batch axes hold) and the rows' suffixes placed by the rules; greedy tokens and log-probs
+    are the one-device whole prefill's."""
+    graphdef, ref_params, _, _ = _reference()
+    prompts, lengths = _prompts(0)
+    prompts[:4, :4] = prompts[0, :4]  # two groups of 4: the first shares 4 tokens
+    prompts[4:, :2] = prompts[4, :2]  # the second 2
+    lengths = np.maximum(lengths, 5)
+    self.assertLess(sampler.split_shared_prefixes(prompts, lengths, 4).token_slots, _N * 16)
+    want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
+                                         jax.random.key(5), max_new_tokens=_NEW, greedy=True))
+    mesh = parallel.make_mesh(shape)
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
+    out = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(5),
+                         max_new_tokens=_NEW, greedy=True, shardings=shardings, prefix_group=4)
+    np.testing.assert_array_equal(np.asarray(out.tokens), want.tokens)
+    np.testing.assert_array_equal(np.asarray(out.lengths), want.lengths)
+    np.testing.assert_allclose(np.asarray(out.logprobs), want.logprobs, atol=2e-5, rtol=0)
+    self.assertEqual(out.tokens.sharding.spec, P(("data", "fsdp")))
+
   def test_kv_cache_shardings(self):
     mesh = parallel.make_mesh((2, 2, 2))
     cache_sh = placement.kv_cache_shardings(_CONFIG, mesh, batch_size=8, max_len=16)

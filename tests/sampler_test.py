@@ -333,6 +333,77 @@ class CompileTest(absltest.TestCase):
       sampler._bucket(9, (4, 8))
 
 
+def _grouped_prompts(seed=0, group=4, groups=2, width=24):
+  """`[groups * group, width]` prompts: each group's rows share a prefix of its own length
+  (the first group's rows are identical), then go their own ways; ragged lengths."""
+  rng = np.random.RandomState(seed)
+  rows, lengths = [], []
+  for g in range(groups):
+    common = rng.randint(0, _CONFIG.vocab_size, (rng.randint(8, 16),))
+    for r in range(group):
+      rest = (np.zeros((0,), np.int64) if g == 0 else
+              rng.randint(0, _CONFIG.vocab_size, (rng.randint(1, width - len(common) + 1),)))
+      row = np.concatenate([common, rest])
+      lengths.append(len(row))
+      rows.append(np.pad(row, (0, width - len(row))))
+  return np.asarray(rows, np.int32), np.asarray(lengths, np.int32)
+
+
+class SharedPrefillTest(parameterized.TestCase):
+  """`sample(..., prefix_group=G)`: the shared-prefix prefill."""
+
+  def test_split_shared_prefixes(self):
+    prompts = np.array([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [7, 8, 0, 0, 0], [7, 8, 0, 0, 0],
+                        [1, 0, 0, 0, 0], [2, 3, 0, 0, 0]], np.int32)
+    lengths = np.array([4, 5, 2, 2, 1, 2], np.int32)
+    split = sampler.split_shared_prefixes(prompts, lengths, 2, prompt_buckets=(4, 8), pad_id=9)
+    # Common prefixes 3, 2 (identical rows: one token short of the shortest) and 0.
+    np.testing.assert_array_equal(split.shared_lengths, [3, 1, 0])
+    np.testing.assert_array_equal(split.group_prompts, [[1, 2, 3, 9], [7, 9, 9, 9],
+                                                        [9, 9, 9, 9]])
+    self.assertEqual(split.suffix.shape, (6, 8))
+    np.testing.assert_array_equal(split.suffix[:, :2], [[4, 9], [5, 6], [8, 9], [8, 9],
+                                                        [1, 9], [2, 3]])
+    np.testing.assert_array_equal(split.suffix[:, 2:], 9)
+    self.assertEqual(split.token_slots, 3 * 4 + 6 * 8)
+    with self.assertRaisesRegex(ValueError, "group must be a positive divisor"):
+      sampler.split_shared_prefixes(prompts, lengths, 4)
+
+  @parameterized.named_parameters(("greedy", True, 1.0), ("sampled", False, 1.0),
+                                  ("sampled_t07", False, 0.7))
+  def test_same_tokens_and_logprobs_as_the_whole_prefill(self, greedy, temperature):
+    prompts, lengths = _grouped_prompts(seed=3)
+    split = sampler.split_shared_prefixes(prompts, lengths, 4)
+    self.assertLess(split.token_slots, len(prompts) * 32)  # the shared path is taken
+    kwargs = dict(greedy=greedy, temperature=temperature, max_new_tokens=_T,
+                  rng=jax.random.key(11), stop_token_ids=[1])
+    whole = _sample(prompts, lengths, **kwargs)
+    shared = _sample(prompts, lengths, prefix_group=4, **kwargs)
+    np.testing.assert_array_equal(shared.tokens, whole.tokens)
+    np.testing.assert_array_equal(shared.lengths, whole.lengths)
+    np.testing.assert_allclose(shared.logprobs, whole.logprobs, atol=1e-5)
+    # And the learner's full forward pass gives the same log-probs (importance ratio 1).
+    learner = _learner_logprobs(prompts, lengths, shared, temperature=temperature)
+    np.testing.assert_allclose(shared.logprobs, learner, atol=2e-5)
+
+  def test_falls_back_to_the_whole_prefill_when_it_would_cost_more(self):
+    prompts, lengths = _prompts(seed=4)  # four unrelated prompts: nothing shared
+    counted = jax.jit(chex.assert_max_traces(sampler._sample_impl, n=1),
+                      static_argnames=sampler._STATIC_ARGNAMES)
+    with mock.patch.object(sampler, "_SAMPLE_JIT", counted):
+      whole = _sample(prompts, lengths, temperature=1.0)
+      grouped = _sample(prompts, lengths, temperature=1.0, prefix_group=2)  # no new trace
+      chex.clear_trace_counter()
+    np.testing.assert_array_equal(grouped.tokens, whole.tokens)
+    np.testing.assert_array_equal(grouped.logprobs, whole.logprobs)
+
+  @parameterized.parameters(0, 3, True, 1.5)
+  def test_bad_group(self, group):
+    prompts, lengths = _prompts()
+    with self.assertRaisesRegex(ValueError, "prefix_group must be a positive divisor"):
+      _sample(prompts, lengths, prefix_group=group)
+
+
 class ValidationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(

@@ -108,6 +108,13 @@ class RLSection:
   `sampler='continuous'` and a mesh of one device (saved rows are not sharded): a run that asks
   otherwise stops at start-up.
 
+  `shared_prefill` (the static sampler, one process): a call whose rows come in groups of
+  `group_size` (a training stage's attempts at one task; evaluation's headroom groups)
+  prefills each group's longest common prompt prefix once and each row's rest after it
+  (`models.sampler.sample`'s `prefix_group`), when that computes fewer token slots than
+  prefilling every prompt whole: a stage's prompts share the task prompt, so its prefill
+  shrinks up to G-fold. Same tokens and log-probs up to float rounding.
+
   Attributes:
     num_steps: learner updates of the RL phase.
     tasks_per_batch: tasks per episode batch (B).
@@ -144,6 +151,8 @@ class RLSection:
       REUSE_PREFIX`): whether a training stage starts from its previous stage's saved cache
       rows (see above).
     prefix_cache_mb: with reuse_prefix, the saved rows' budget in MiB (>= 1).
+    shared_prefill: the static sampler prefills a group's shared prompt prefix once (see
+      above); ignored with sampler='continuous' and in a multi-process run.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -168,6 +177,7 @@ class RLSection:
   sampler_slots: int = 0
   reuse_prefix: str = "never"
   prefix_cache_mb: int = 1024
+  shared_prefill: bool = True
 
   def packed_lengths(self) -> dict[int, int]:
     """`{bucket: packed row length}`: `packed_buckets`, twice each of `buckets` for `()`, or
@@ -190,6 +200,8 @@ class RLSection:
                  f"{path}.reuse_prefix", f"needs rl.sampler='continuous' (saved prefixes are "
                  f"the continuous sampler's), got rl.sampler={self.sampler!r}",
                  self.reuse_prefix)
+    checks.check(isinstance(self.shared_prefill, bool), f"{path}.shared_prefill",
+                 "must be a bool", self.shared_prefill)
     packed = tuple(self.packed_buckets)
     checks.check(packed == () or (len(packed) == 1 and int(packed[0]) >= 1) or (
         len(packed) == len(self.buckets) and all(

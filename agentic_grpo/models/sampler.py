@@ -255,6 +255,64 @@ def decode_segments(prompt_width: int, max_new_tokens: int, segments: int = 4) -
           for k in range(1, -(-max_new_tokens // chunk) + 1)]
 
 
+# Widths of the rows' suffixes after their group's shared prefix (`sample`'s `prefix_group`).
+SUFFIX_BUCKETS = tuple(2 ** k for k in range(3, 18))  # 8 .. 131072
+
+
+class SharedPrefixes(NamedTuple):
+  """The shared-prefix prefill's inputs (`split_shared_prefixes`).
+
+  Attributes:
+    group_prompts: `[N / G, Pa]` int32, each group's shared prefix, right-padded.
+    shared_lengths: `[N / G]` int32, its length (0 when the group shares nothing).
+    suffix: `[N, Pb]` int32, each row's prompt after its group's prefix, right-padded
+      (at least one token per row).
+    token_slots: `N / G * Pa + N * Pb`, the token slots this prefill computes.
+  """
+  group_prompts: np.ndarray
+  shared_lengths: np.ndarray
+  suffix: np.ndarray
+  token_slots: int
+
+
+def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int,
+                          prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+                          pad_id: int = 0) -> SharedPrefixes:
+  """Splits right-padded prompts `[N, P]` (lengths `[N]`) in consecutive groups of `group`
+  rows into each group's longest common prefix and each row's rest.
+
+  A group's prefix stops one token short of its shortest prompt, so that every row keeps a
+  token to prefill after it (the one whose logits give the first sampled token). `Pa` is the
+  smallest of `prompt_buckets` that holds the longest prefix, `Pb` the smallest of
+  `SUFFIX_BUCKETS` that holds the longest rest.
+
+  Raises:
+    ValueError: `group` does not divide N, or a prompt length outside `[1, P]`.
+  """
+  prompts = np.asarray(prompts)
+  lengths = np.asarray(prompt_lengths).astype(np.int32)
+  n, width = prompts.shape
+  if group < 1 or n % group:
+    raise ValueError(f"group must be a positive divisor of the {n} rows, got {group}")
+  if np.any(lengths < 1) or np.any(lengths > width):
+    raise ValueError(f"prompt_lengths must be in [1, {width}], got {lengths.tolist()}")
+  rows = prompts.reshape(n // group, group, width)
+  same = np.all(rows == rows[:, :1], axis=1)  # [groups, P]: every row agrees at the slot
+  common = np.where(same.all(axis=1), width, np.argmin(same, axis=1))
+  shared = np.minimum(common, lengths.reshape(-1, group).min(axis=1) - 1).astype(np.int32)
+  pa = _bucket(max(int(shared.max()), 1), prompt_buckets)
+  rest = lengths - np.repeat(shared, group)
+  pb = _bucket(int(rest.max()), SUFFIX_BUCKETS)
+  group_prompts = np.full((n // group, pa), pad_id, np.int32)
+  for g, k in enumerate(shared):
+    group_prompts[g, :k] = rows[g, 0, :k]
+  suffix = np.full((n, pb), pad_id, np.int32)
+  offsets = np.repeat(shared, group)
+  for i in range(n):
+    suffix[i, :rest[i]] = prompts[i, offsets[i]:lengths[i]]
+  return SharedPrefixes(group_prompts, shared, suffix, n // group * pa + n * pb)
+
+
 def _round_up(x: int, m: int) -> int:
   return max(m, -(-x // m) * m)
 
@@ -421,16 +479,53 @@ def check_requests(graphdef, params, prompts, prompt_lengths, *, max_new_tokens:
                   config=config)
 
 
+def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place):
+  """The shared-prefix prefill (`sample`'s `prefix_group`): each group's shared prefix once,
+  its cache copied to the group's rows, then each row's suffix after it.
+
+  The cache's first `Pa` slots hold the group's prefix (valid up to its length), the next `Pb`
+  the row's suffix, at rotary positions continuing the prefix: every query attends to the
+  same keys at the same positions as in a prefill of the whole prompt, so logits and cache
+  agree with it up to float rounding. Returns the last prompt token's logits `[n, 1, V]` and
+  the `[n, Pa + Pb]` cache.
+  """
+  group_prompts, shared_lengths = shared
+  groups, pa = group_prompts.shape
+  n, pb = suffix.shape
+  g = n // groups
+  positions = jnp.broadcast_to(jnp.arange(pa, dtype=jnp.int32), (groups, pa))
+  cache = place(transformer.init_cache(config, groups, pa))
+  # The prefix's own logits are not needed: one position's, the cheapest the model offers.
+  _, cache = transformer.apply(graphdef, params, group_prompts, positions, cache,
+                               positions < shared_lengths[:, None],
+                               logits_at=jnp.zeros((groups,), jnp.int32))
+  cache = transformer.KVCache(
+      k=tuple(jnp.repeat(x, g, axis=0) for x in cache.k),
+      v=tuple(jnp.repeat(x, g, axis=0) for x in cache.v),
+      valid=jnp.repeat(cache.valid, g, axis=0), index=cache.index)
+  cache = place(transformer.extend_cache(place(cache), pb))
+  offset = jnp.repeat(shared_lengths, g)
+  steps = jnp.arange(pb, dtype=jnp.int32)
+  suffix_lengths = prompt_lengths - offset
+  return transformer.apply(graphdef, params, suffix, offset[:, None] + steps[None, :], cache,
+                           steps[None, :] < suffix_lengths[:, None],
+                           logits_at=suffix_lengths - 1)
+
+
 # Long by design: one traced program, read top to bottom (prefill, the first token, the segmented
 # decode); its closures `place` and `step` share the traced shapes, row keys and stop tables, which
 # as separate functions would each take a dozen arguments.
 def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
-                 stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p,
-                 vocab_limit=0, cache_shardings=None):
+                 stop_ids, stop_seqs, pad_id, shared=None, *, max_new_tokens, top_k, greedy,
+                 use_top_p, vocab_limit=0, cache_shardings=None):
   """Jitted body of `sample`; see there.
 
   `cache_shardings`: None, or `(n, slots) -> KVCache` of shardings that the
-  prefill and decode caches are constrained to.
+  prefill and decode caches are constrained to. `shared`: None (`prompts` are the
+  whole prompts), or the shared-prefix prefill's `(group_prompts [n / G, Pa],
+  shared_lengths [n / G])`, `prompts` then holding each row's suffix `[n, Pb]` after its
+  group's shared prefix and `prompt_lengths` the whole prompts' lengths (`sample`'s
+  `prefix_group`).
   """
   config = nnx.merge(graphdef, params).config
   n, p = prompts.shape
@@ -446,12 +541,17 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
 
   seq_len = stop_seqs.shape[-1]
   # Prefill attends over the P prompt slots only; decoding grows the cache segment by segment.
-  cache = place(transformer.init_cache(config, n, p))
-  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
-  prompt_mask = positions < prompt_lengths[:, None]
-  # Only the last prompt token's logits are needed (and the last block's MLP only there).
-  logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
-                                    logits_at=prompt_lengths - 1)
+  if shared is None:
+    cache = place(transformer.init_cache(config, n, p))
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+    prompt_mask = positions < prompt_lengths[:, None]
+    # Only the last prompt token's logits are needed (and the last block's MLP only there).
+    logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
+                                      logits_at=prompt_lengths - 1)
+  else:
+    logits, cache = _shared_prefill(graphdef, params, config, prompts, prompt_lengths, shared,
+                                    place)
+    p = cache.valid.shape[1]
   cache = place(cache)
   last = logits[:, 0]
   row_keys = jax.random.split(rng, n)
@@ -517,18 +617,23 @@ _SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
 
 @functools.lru_cache(maxsize=64)
 def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, top_k: int,
-                 greedy: bool, use_top_p: bool, vocab_limit: int):
-  """`_sample_impl` jitted with explicit in/out shardings for `n` global rows."""
+                 greedy: bool, use_top_p: bool, vocab_limit: int,
+                 groups: Optional[int] = None):
+  """`_sample_impl` jitted with explicit in/out shardings for `n` global rows (and `groups`
+  global groups of a shared-prefix prefill, None without one)."""
   rows = shardings.rows(n)
   rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
 
-  def fn(params, prompts, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs, pad_id):
+  def fn(params, prompts, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs, pad_id,
+         shared=None):
     return _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
-                        stop_ids, stop_seqs, pad_id, max_new_tokens=max_new_tokens,
+                        stop_ids, stop_seqs, pad_id, shared, max_new_tokens=max_new_tokens,
                         top_k=top_k, greedy=greedy, use_top_p=use_top_p,
                         vocab_limit=vocab_limit, cache_shardings=shardings.cache)
 
-  return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep),
+  shared = None if groups is None else (shardings.rows(groups), shardings.rows(groups))
+  return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep,
+                                   shared),
                  out_shardings=SampleOutput(rows, rows, rows, rows))
 
 
@@ -547,6 +652,7 @@ def sample(
     pad_id: int = 0,
     prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
     shardings: Optional[Shardings] = None,
+    prefix_group: int = 1,
 ) -> SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts.
 
@@ -580,6 +686,15 @@ def sample(
       `prompt_lengths` and per-row stop tables are this process's rows
       (host arrays); stop tables must have the same shapes in every process.
       None: one `jit` that follows the arguments' placement.
+    prefix_group: G, the rows come in consecutive groups of G (a GRPO group's
+      attempts at one task, or its later stages) whose prompts share a prefix:
+      the shared-prefix prefill (`shared_prefixes`) computes each group's
+      longest common prefix once, for `N / G` rows at a width of
+      `prompt_buckets`, copies its cache to the group's rows and prefills each
+      row's rest after it (`SUFFIX_BUCKETS` wide), when that prefills fewer
+      token slots than the whole prompts would (else, and at 1, the plain
+      prefill). Same tokens and log-probs up to float rounding. Single-process
+      only.
 
   Returns:
     `SampleOutput` with `[N, max_new_tokens]` tokens and log-probs, `[N]`
@@ -591,9 +706,18 @@ def sample(
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
       tokens longer than the model's `max_seq_len`, non-positive
       `max_new_tokens`, a `transform` that is not a `SamplingTransform`, a
-      `transform.vocab_limit` above the model's vocabulary, or stop ids
-      outside the sampleable ids (`[0, vocab_limit or vocab_size)`).
+      `transform.vocab_limit` above the model's vocabulary, stop ids
+      outside the sampleable ids (`[0, vocab_limit or vocab_size)`), or a
+      `prefix_group` that is not a positive divisor of N (or above 1 in a
+      multi-process run).
   """
+  if (not isinstance(prefix_group, (int, np.integer)) or isinstance(prefix_group, bool)
+      or prefix_group < 1 or np.shape(prompts)[0] % prefix_group):
+    raise ValueError(f"prefix_group must be a positive divisor of the {np.shape(prompts)[0]} "
+                     f"rows, got {prefix_group!r}")
+  if prefix_group > 1 and shardings is not None and jax.process_count() > 1:
+    raise ValueError(f"prefix_group={prefix_group}: the shared-prefix prefill is single-process "
+                     f"only (the processes would have to agree on its widths); use 1")
   req = check_requests(graphdef, params, prompts, prompt_lengths,
                        max_new_tokens=max_new_tokens, transform=transform,
                        stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
@@ -602,9 +726,15 @@ def sample(
   temperature, top_k, top_p = transform.temperature, transform.top_k, transform.top_p
   n, width = prompts.shape
   bucket = _bucket(int(prompt_lengths.max()), prompt_buckets)
-  if bucket > width:
+  shared = None
+  if prefix_group > 1:
+    split = split_shared_prefixes(prompts, prompt_lengths, prefix_group, prompt_buckets,
+                                  pad_id)
+    if split.token_slots < n * bucket:
+      prompts, shared = split.suffix, (split.group_prompts, split.shared_lengths)
+  if shared is None and bucket > width:
     prompts = np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
-  else:
+  elif shared is None:
     prompts = prompts[:, :bucket]
   if shardings is not None:
     # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
@@ -614,12 +744,18 @@ def sample(
                                "stop_ids": stop_ids, "stop_seqs": stop_seqs,
                                "temperature": np.float32(temperature),
                                "top_p": np.float32(top_p), "pad_id": np.int32(pad_id)})
+    groups = None
+    if shared is not None:
+      shared = shardings.put_rows(shared)
+      groups = int(shared[0].shape[0])
     fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
-                      top_k, bool(greedy), bool(top_p < 1.0), vocab_limit)
+                      top_k, bool(greedy), bool(top_p < 1.0), vocab_limit, groups)
     return fn(params, rows["prompts"], rows["lengths"], rng, rows["temperature"],
-              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"])
+              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"], shared)
+  if shared is not None:
+    shared = tuple(jnp.asarray(x, jnp.int32) for x in shared)
   return _SAMPLE_JIT(
       graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
       rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),
-      jnp.asarray(stop_seqs), jnp.int32(pad_id), max_new_tokens=max_new_tokens, top_k=top_k,
-      greedy=bool(greedy), use_top_p=bool(top_p < 1.0), vocab_limit=vocab_limit)
+      jnp.asarray(stop_seqs), jnp.int32(pad_id), shared, max_new_tokens=max_new_tokens,
+      top_k=top_k, greedy=bool(greedy), use_top_p=bool(top_p < 1.0), vocab_limit=vocab_limit)

@@ -180,7 +180,9 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   greedy or sampled, no id past the tokenizer's vocabulary is generated.
 
   `rl.sampler` picks the batching: `'static'` (`models.sampler.sample`, the call's rows padded
-  to one prompt bucket and decoded together) or `'continuous'` (`models.continuous.sample`,
+  to one prompt bucket and decoded together; with `rl.shared_prefill` in a single process, a
+  call whose rows are a multiple of `rl.group_size` is prefilled in groups of that many
+  consecutive rows, `sample`'s `prefix_group`, when that computes fewer token slots) or `'continuous'` (`models.continuous.sample`,
   `rl.sampler_slots` decode slots, 0 = the call's n rows, each refill prefilled at the
   smallest of `rl.buckets` that holds it). Either way call `counter` samples with the key
   `jax.random.fold_in(key(seed), counter)`, split into one key per row, so a run's tokens are
@@ -230,6 +232,10 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
   pool = (prefix_cache.PrefixCache(cfg.rl.prefix_cache_mb << 20) if reuse != "never"
           else None)
+  # The static sampler's shared-prefix prefill (`rl.shared_prefill`): one process, whose own
+  # prompt bucket needs no agreement, so each part gets the smallest of `rl.buckets`.
+  group = (cfg.rl.group_size if cfg.rl.shared_prefill and not continuous
+           and comp.coord.process_count == 1 else 1)
 
   def sample_fn(params, prompts, lengths, counter, greedy, *, prefix_keys=None,
                 save_keys=None, params_version=None):
@@ -256,6 +262,10 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
         out = continuous_lib.sample(
             comp.graphdef, params, prompts, lengths, key, prompt_buckets=cfg.rl.buckets,
             slots=cfg.rl.sampler_slots or int(prompts.shape[0]), shardings=shardings, **common)
+      elif group > 1 and prompts.shape[0] % group == 0:
+        out = sampler_lib.sample(comp.graphdef, params, prompts, lengths, key,
+                                 shardings=shardings, prompt_buckets=cfg.rl.buckets,
+                                 prefix_group=group, **common)
       else:
         out = sampler_lib.sample(
             comp.graphdef, params, prompts, lengths, key, shardings=shardings,
