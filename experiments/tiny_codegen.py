@@ -92,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
   # One packed row length for both length buckets, rows holding several groups' trees: an
   # update compiles once per row count (5 shapes instead of 9-10), and its rows are fuller.
   c.rl.packed_buckets = (384,)
+  # The packed row counts the default's updates take compile on a spare core while the
+  # warm-start's last evaluation runs, not at the RL phase's first updates.
+  c.rl.precompile_rows = (1, 2, 4, 8)
   # Sample (and score the importance ratio) at temperature 1: the warm-started policy puts most
   # of its mass on the teacher's habit, and the right program must be among the group's samples
   # for RL to find it; at 0.5 the groups explored too little and the gain stalled at +0.07

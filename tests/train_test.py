@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import struct
+import time
 import types
 from unittest import mock
 
@@ -29,6 +30,7 @@ from agentic_grpo.agent import streams
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import layout as checkpoint_layout
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import transformer
@@ -59,6 +61,7 @@ def _micro(module, **overrides):
   c.rl.num_steps = 1
   c.eval.update(every=0, num_samples=2, k=(1, 2))
   c.replay.skip_zero_advantage = False  # A random model's groups tie: still take steps.
+  c.rl.precompile_rows = ()  # micro shapes compile in no time (tested on its own)
   c.checkpoint.every = 1
   c.log.progress_bar = False
   c.mesh.data = 1  # One of the test session's 8 simulated devices.
@@ -408,6 +411,37 @@ class TrainTest(parameterized.TestCase):
   def test_bad_sampler_option_names_the_field(self, key, value):
     with self.assertRaisesRegex(ValueError, re.escape(f"config.{key}")):
       _micro(tiny_codegen, **{key: value})
+
+  def test_update_shapes_compiled_ahead_are_not_compiled_again(self):
+    cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1, 2), "rl.packed_buckets": (160,)})
+    comp = train.build(cfg, pool=self.pool)
+    device = device_lib.DeviceSide(comp)
+    self.assertEqual(device.rl_update_shapes(), [(1, 160), (2, 160)])
+    compiles = []
+
+    def count(event, seconds, **kwargs):
+      del seconds, kwargs
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+      device.compile_rl_updates()
+      device.start_rl()
+      deadline = time.time() + 120
+      while len(compiles) < 2 and time.time() < deadline:  # the background thread's
+        time.sleep(0.1)
+      self.assertLen(compiles, 2)
+      for rows in (1, 2):
+        batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
+        device.fetch([device.update(batch, rows, cfg.rl.buckets)])
+      self.assertLen(compiles, 2)  # no new compilation: both ran the programs compiled ahead
+      self.assertEqual(device.num_traces["update"], 2)
+      device.fetch([device.update(core_types.UpdateBatch.padding(4, 160, packed=True), 4,
+                                  cfg.rl.buckets)])
+      self.assertLen(compiles, 3)  # a shape not named compiles on first use
+    finally:
+      jax.monitoring.unregister_event_duration_listener(count)
 
   def test_continuous_sampler_refuses_several_processes(self):
     cfg = _micro(tiny_codegen, **{"rl.sampler": "continuous"})

@@ -153,6 +153,10 @@ class RLSection:
     prefix_cache_mb: with reuse_prefix, the saved rows' budget in MiB (>= 1).
     shared_prefill: the static sampler prefills a group's shared prompt prefix once (see
       above); ignored with sampler='continuous' and in a multi-process run.
+    precompile_rows: update row counts (this process's) whose update step compiles in a
+      background thread during the warm-start's last evaluation (`train.device.DeviceSide.
+      compile_rl_updates`), at each packed row length or bucket: the RL phase's first
+      updates of those shapes then run at once. `()` = compile on first use.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -178,6 +182,7 @@ class RLSection:
   reuse_prefix: str = "never"
   prefix_cache_mb: int = 1024
   shared_prefill: bool = True
+  precompile_rows: tuple[int, ...] = ()
 
   def packed_lengths(self) -> dict[int, int]:
     """`{bucket: packed row length}`: `packed_buckets`, twice each of `buckets` for `()`, or
@@ -202,6 +207,9 @@ class RLSection:
                  self.reuse_prefix)
     checks.check(isinstance(self.shared_prefill, bool), f"{path}.shared_prefill",
                  "must be a bool", self.shared_prefill)
+    checks.check(all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r
+                     for r in self.precompile_rows), f"{path}.precompile_rows",
+                 "must be row counts >= 1", tuple(self.precompile_rows))
     packed = tuple(self.packed_buckets)
     checks.check(packed == () or (len(packed) == 1 and int(packed[0]) >= 1) or (
         len(packed) == len(self.buckets) and all(

@@ -19,7 +19,10 @@ one process the whole batch) and reads its own rows of the sampler's output back
 
 import dataclasses
 import math
+import threading
 from typing import Any, Optional, Sequence
+
+from absl import logging
 
 import jax
 import jax.numpy as jnp
@@ -313,6 +316,9 @@ class DeviceSide:
                            cfg.seed), comp.shardings.state)
     self._ref = None
     self._sft_step = self._update_step = None
+    # The RL update step's compilations running ahead (`compile_rl_updates`), joined when the
+    # RL phase starts.
+    self._compiling: Optional[threading.Thread] = None
 
   @property
   def policy(self) -> Any:
@@ -355,6 +361,65 @@ class DeviceSide:
     """The device state a checkpoint holds: `{"state"[, "ref"]}`."""
     return {"state": self._state, "ref": self._ref} if self._ref is not None else {
         "state": self._state}
+
+  def _rl_update_step(self):
+    if self._update_step is None:
+      self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
+                                                   self._rl_opt, shardings=self._comp.shardings,
+                                                   vocab_limit=vocab_limit(self._comp))
+    return self._update_step
+
+  def rl_update_shapes(self) -> list[tuple[int, int]]:
+    """The global `(rows, length)` update batch shapes `rl.precompile_rows` names: each row
+    count (this process's rows, times the process count) at each packed row length
+    (`rl.packed_buckets`) or, unpacked, at each of `rl.buckets`."""
+    cfg = self._cfg
+    lengths = (sorted(set(cfg.rl.packed_lengths().values())) if packs_prefixes(cfg)
+               else list(cfg.rl.buckets))
+    n = self._comp.coord.process_count
+    return [(int(r) * n, int(t)) for r in cfg.rl.precompile_rows for t in lengths]
+
+  def compile_rl_updates(self) -> None:
+    """Starts compiling the RL update step for `rl_update_shapes()` in a background thread
+    (ahead-of-time lowering: `jax.jit(...).lower(...).compile()` fills the step's cache, so
+    that the RL phase's first update of each shape runs at once). Called when the
+    warm-start's last evaluation starts, whose decode steps leave a core to spare; the RL
+    phase's first `update` waits for it (the RL phase's first samples overlap it too).
+    Compiling changes nothing a step computes. No-op without shapes or when already started.
+    """
+    shapes = self.rl_update_shapes()
+    if not shapes or self._compiling is not None or self._update_step is not None:
+      return
+    step = self._rl_update_step()
+    sh = self._comp.shardings
+    mesh, rules = self._comp.mesh, self._cfg.mesh.rules()
+    master = self._state.master
+    abstract = jax.eval_shape(
+        lambda p, m: learner.init_state(p, self._rl_opt, self._cfg.seed + 1, master=m),
+        self._state.params, master)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, sh.state)
+    ref = None
+    if self._use_kl:
+      ref = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         jax.eval_shape(lambda p: p, self._state.params), sh.ref_params)
+    packed = packs_prefixes(self._cfg)
+
+    def abstract_batch(rows, length):
+      host = core_types.UpdateBatch.padding(rows, length, packed=packed)
+      return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=parallel.batch_sharding(mesh, x.shape, rules)), host)
+
+    def work():
+      for rows, length in shapes:
+        try:
+          step.lower(state, abstract_batch(rows, length), ref).compile()
+        except Exception as e:  # pylint: disable=broad-except (the step compiles when used)
+          logging.warning("compiling the RL update for [%d, %d] ahead failed (it compiles "
+                          "when first used): %s", rows, length, e)
+
+    self._compiling = threading.Thread(target=work, name="compile_rl_updates", daemon=True)
+    self._compiling.start()
 
   def start_rl(self) -> None:
     """Hands the warm-start's parameters (and float32 master, if any) to a fresh RL state, and
@@ -401,10 +466,10 @@ class DeviceSide:
     has its own shape: with several processes they agree on the largest row count and row
     length (`Coordinator.agree_max`) and pad to it.
     """
-    if self._update_step is None:
-      self._update_step = learner.make_update_step(self._comp.graphdef, self._cfg,
-                                                   self._rl_opt, shardings=self._comp.shardings,
-                                                   vocab_limit=vocab_limit(self._comp))
+    self._rl_update_step()
+    if self._compiling is not None:  # `compile_rl_updates`: its programs first
+      self._compiling.join()
+      self._compiling = None
     if packs_prefixes(self._cfg):
       batch = self._packed_share(batch, rows, buckets)
     with jax.transfer_guard(self._transfer_guard):

@@ -80,6 +80,8 @@ def _train(s: session_lib.Session) -> None:
              "grad_norm": m["grad_norm"], "update_skipped": m["update_skipped"],
              "tokens_per_s": float(pending.tokens) / max(dt, 1e-9)}
       if s.step == s.ws_steps:
+        # The RL update's shapes compile on a spare core while the evaluation decodes.
+        s.device.compile_rl_updates()
         s.record_eval(*evaluation.evaluate(s.comp, s.agent, s.device.policy, sampled=True))
         row.update(s.last_eval)
       s.metrics.write(row)
