@@ -185,11 +185,12 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   `rl.sampler` picks the batching: `'static'` (`models.sampler.sample`, the call's rows padded
   to one prompt bucket and decoded together; with `rl.shared_prefill` in a single process, a
   call whose rows are a multiple of `rl.group_size` is prefilled in groups of that many
-  consecutive rows, `sample`'s `prefix_group`, when that computes fewer token slots) or `'continuous'` (`models.continuous.sample`,
-  `rl.sampler_slots` decode slots, 0 = the call's n rows, each refill prefilled at the
-  smallest of `rl.buckets` that holds it). Either way call `counter` samples with the key
-  `jax.random.fold_in(key(seed), counter)`, split into one key per row, so a run's tokens are
-  a function of its seed (and, between the two, the same up to float rounding).
+  consecutive rows, `sample`'s `prefix_group`, when that computes fewer token slots) or
+  `'continuous'` (`models.continuous.sample`, `rl.sampler_slots` decode slots, 0 = the
+  call's n rows, each refill prefilled at the smallest of `rl.buckets` that holds it). Either
+  way call `counter` samples with the key `jax.random.fold_in(key(seed), counter)`, split into
+  one key per row, so a run's tokens are a function of its seed (and, between the two, the
+  same up to float rounding).
 
   Reused prefixes (`rl.reuse_prefix` not `'never'`): the function holds one
   `prefix_cache.PrefixCache` of `rl.prefix_cache_mb` MiB and takes the keywords
@@ -316,8 +317,8 @@ class DeviceSide:
                            cfg.seed), comp.shardings.state)
     self._ref = None
     self._sft_step = self._update_step = None
-    # The RL update step's compilations running ahead (`compile_rl_updates`), joined when the
-    # RL phase starts.
+    # The RL update step's compilations running ahead (`compile_rl_updates`), joined by the
+    # first `update`.
     self._compiling: Optional[threading.Thread] = None
 
   @property
