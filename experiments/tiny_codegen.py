@@ -30,8 +30,9 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
   train reward and held-out pass@1 fell, at 5e-4 the policy collapsed; a constant 1e-4 peaked
   early, then fell back.
 * `rl.temperature=1.0`, 120 updates: with this teacher the right program must be among a
-  group's samples; from one warm-start (1,024 held-out tasks) temperature 1 gained +0.101, 0.7
-  +0.071 and 0.5 +0.074 after 120 updates (docs/learning.md, "Pilots of the RL schedule"; with
+  group's samples; from one warm-start (teacher error 0.6, 1,024 held-out tasks) temperature
+  1 gained +0.101, 0.7 +0.071 and 0.5 +0.074 after 120 updates (docs/learning.md, "Pilots of
+  the RL schedule"; with
   the earlier perfect teacher 0.5 had been the better choice: +0.055 against +0.037).
 * `correction.baseline='previous_stage'`: the code stage is credited with what it added to the
   hypothesis stage's score, not blamed for a wrong hypothesis; on its own it gained +0.045 with
