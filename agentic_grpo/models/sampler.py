@@ -715,7 +715,7 @@ def sample(
       or prefix_group < 1 or np.shape(prompts)[0] % prefix_group):
     raise ValueError(f"prefix_group must be a positive divisor of the {np.shape(prompts)[0]} "
                      f"rows, got {prefix_group!r}")
-  if prefix_group > 1 and shardings is not None and jax.process_count() > 1:
+  if prefix_group > 1 and shardings is not None and parallel.process_count() > 1:
     raise ValueError(f"prefix_group={prefix_group}: the shared-prefix prefill is single-process "
                      f"only (the processes would have to agree on its widths); use 1")
   req = check_requests(graphdef, params, prompts, prompt_lengths,
