@@ -419,7 +419,9 @@ class DeviceSide:
           logging.warning("compiling the RL update for [%d, %d] ahead failed (it compiles "
                           "when first used): %s", rows, length, e)
 
-    self._compiling = threading.Thread(target=work, name="compile_rl_updates", daemon=True)
+    # Not a daemon: a run that ends before its first update (stopped, refused, no signal) waits
+    # for the compilations at exit instead of tearing XLA down under a compiling thread.
+    self._compiling = threading.Thread(target=work, name="compile_rl_updates", daemon=False)
     self._compiling.start()
 
   def start_rl(self) -> None:
