@@ -732,10 +732,9 @@ def sample(
                                   pad_id)
     if split.token_slots < n * bucket:
       prompts, shared = split.suffix, (split.group_prompts, split.shared_lengths)
-  if shared is None and bucket > width:
-    prompts = np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
-  elif shared is None:
-    prompts = prompts[:, :bucket]
+  if shared is None:  # the whole prompts, at the bucket's width
+    prompts = (np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
+               if bucket > width else prompts[:, :bucket])
   if shardings is not None:
     # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
     # `jax.transfer_guard("disallow")`.
