@@ -39,7 +39,7 @@ FIXED = frozenset({
     "rl.tasks_per_batch", "rl.group_size", "rl.batches_in_flight", "rl.rows_per_update",
     "rl.temperature", "rl.top_k", "rl.top_p", "rl.buckets",
     "rl.dynamic_sampling", "rl.dynamic_sampling_max_batches", "rl.pass_rate_filter",
-    "rl.final_reward_lag",
+    "rl.final_reward_lag", "rl.ppo_epochs",
     # 'always' samples from contexts partly computed by older policies: other behaviour
     # log-probs ('same_version' only float rounding, but one field has one set).
     "rl.reuse_prefix",

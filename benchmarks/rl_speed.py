@@ -52,7 +52,7 @@ ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,
              "workflow.reference_error_rate": 0.0, "log.transcripts": 2,
              "log.transcripts_every": 0, "log.wandb": False, "log.wandb_mode": "",
              "log.wandb_project": "agentic_grpo", "rl.dynamic_sampling": False,
-             "rl.dynamic_sampling_max_batches": 10, "rl.final_reward_lag": 0,
+             "rl.dynamic_sampling_max_batches": 10, "rl.final_reward_lag": 0, "rl.ppo_epochs": 1,
              "rl.pass_rate_filter": [], "task.float_tolerance": -1.0,
              "workflow.final_reward_jitter_s": 0.0}
 

@@ -17,6 +17,7 @@ from unittest import mock
 from absl import logging as absl_logging
 from absl.testing import absltest
 from absl.testing import parameterized
+import chex
 import jax
 import numpy as np
 
@@ -444,6 +445,39 @@ class TrainTest(parameterized.TestCase):
       self.assertLen(compiles, 3)  # a shape not named compiles on first use
     finally:
       jax.monitoring.unregister_event_duration_listener(count)
+
+  def test_ppo_epochs_take_that_many_optimizer_steps_on_the_same_rows(self):
+    # GRPO's μ iterations: an update of rl.ppo_epochs=2 equals two updates of 1 on its rows
+    # (a constant learning rate, so that the two runs' schedules agree step for step).
+    common = {"optim.schedule": "constant", "optim.warmup_steps": 0}
+    rs = np.random.RandomState(0)
+    batch = core_types.UpdateBatch.padding(2, 160, packed=True)
+    batch.tokens[:] = rs.randint(3, 200, batch.tokens.shape)
+    batch.positions[:] = np.arange(160)[None]
+    batch.loss_mask[:, 100:] = True
+    batch.sample_weights[:] = 1.0
+    # Positive advantages and behaviour log-probs above the random policy's (ratio < 1 - eps):
+    # PPO's clipped objective keeps the unclipped side, so every pass has a gradient.
+    batch.advantages[:] = np.where(batch.loss_mask, np.array([[1.0], [0.5]]), 0.0)
+    batch.behaviour_logprobs[:] = np.where(batch.loss_mask, -5.0, 0.0)
+    params = {}
+    for epochs, updates in ((2, 1), (1, 2), (1, 1)):
+      cfg = _micro(tiny_codegen, **common, **{"rl.ppo_epochs": epochs,
+                                              "rl.packed_buckets": (160,)})
+      device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
+      device.start_rl()
+      for _ in range(updates):
+        device.fetch([device.update(batch, 2, cfg.rl.buckets)])
+      params[epochs, updates] = jax.tree.map(np.asarray, device.state.params)
+    chex.assert_trees_all_close(params[2, 1], params[1, 2], atol=1e-6)
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), params[2, 1],
+                                         params[1, 1]))
+    self.assertGreater(max(moved), 1e-6)  # the second pass is a step of its own
+
+  @parameterized.parameters(0, -1)
+  def test_bad_ppo_epochs_names_the_field(self, value):
+    with self.assertRaisesRegex(ValueError, re.escape("config.rl.ppo_epochs")):
+      _micro(tiny_codegen, **{"rl.ppo_epochs": value})
 
   def test_continuous_sampler_refuses_several_processes(self):
     cfg = _micro(tiny_codegen, **{"rl.sampler": "continuous"})

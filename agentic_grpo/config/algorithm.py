@@ -122,6 +122,12 @@ class RLSection:
     batches_in_flight: episode batches sampled, scored and learned from concurrently.
     rows_per_update: replay rows per learner update (N).
     micro_batches: gradient-accumulation slices of an update (divides rows_per_update).
+    ppo_epochs: optimizer steps per update on the same rows (>= 1): GRPO's μ iterations per
+      batch (Shao et al., 2024, "DeepSeekMath", Algorithm 1; verl's `ppo_epochs`, TRL's
+      `num_iterations`). Every pass's importance ratio is taken against the behaviour
+      log-probs the rows were sampled with, so passes after the first are clipped by PPO's
+      trust region; the learning-rate schedule spans `num_steps * ppo_epochs` optimizer steps
+      (its warm-up `optim.warmup_steps * ppo_epochs`). An update's metrics are its last pass's.
     temperature: sampling temperature of the behaviour policy (> 0).
     top_k: top-k sampling (0 = off).
     top_p: nucleus sampling mass, in (0, 1].
@@ -164,6 +170,7 @@ class RLSection:
   batches_in_flight: int = 2
   rows_per_update: int = 64
   micro_batches: int = 1
+  ppo_epochs: int = 1
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -243,6 +250,9 @@ class RLSection:
     checks.check(self.micro_batches >= 1 and self.rows_per_update % self.micro_batches == 0,
                  f"{path}.micro_batches", f"must be >= 1 and divide rows_per_update "
                  f"({self.rows_per_update})", self.micro_batches)
+    checks.check(isinstance(self.ppo_epochs, int) and not isinstance(self.ppo_epochs, bool)
+                 and self.ppo_epochs >= 1, f"{path}.ppo_epochs",
+                 "must be an int >= 1 (optimizer steps per update)", self.ppo_epochs)
     checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
     checks.check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
     checks.check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)

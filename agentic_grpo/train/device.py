@@ -61,9 +61,12 @@ class ModelParts:
 
 
 def rl_optimizer(cfg: config_lib.TrainConfig):
-  """The RL phase's optimizer: `optim`, with its schedule spanning `rl.num_steps` updates."""
+  """The RL phase's optimizer: `optim`, with its schedule spanning `rl.num_steps` updates of
+  `rl.ppo_epochs` optimizer steps each (the warm-up too: `optim.warmup_steps` updates)."""
+  epochs = cfg.rl.ppo_epochs
   return learner.make_optimizer(
-      cfg.optim, decay_steps=cfg.rl.num_steps if cfg.optim.schedule == "cosine" else 0,
+      cfg.optim, warmup_steps=cfg.optim.warmup_steps * epochs,
+      decay_steps=cfg.rl.num_steps * epochs if cfg.optim.schedule == "cosine" else 0,
       final_lr_fraction=cfg.optim.final_lr_fraction)
 
 
@@ -478,7 +481,8 @@ class DeviceSide:
     with jax.transfer_guard(self._transfer_guard):
       placed = self._put(batch if batch is not None
                          else core_types.UpdateBatch.padding(rows, buckets[0]))
-      self._state, metrics = self._update_step(self._state, placed, self._ref)
+      for _ in range(self._cfg.rl.ppo_epochs):  # GRPO's μ passes over the same rows
+        self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
 
   def _packed_share(self, batch: Optional[core_types.UpdateBatch], rows: int,
