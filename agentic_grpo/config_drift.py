@@ -74,6 +74,7 @@ MAY_CHANGE = frozenset({
     "rl.sampler", "rl.sampler_slots",
     "rl.shared_prefill",  # the same prompts prefilled in two parts: float rounding only
     "rl.precompile_rows",  # when the update step compiles, not what it computes
+    "rl.update_chunk_rows",  # the same update, accumulated over chunks of rows
     "rl.prefix_cache_mb",  # how many saved rows are kept: which contexts are prefilled whole
     "rl.max_idle_batches", "rl.max_skipped_updates",
     # The judge's speed: when a final reward lands is `rl.final_reward_lag`'s, not the judge's.

@@ -45,7 +45,8 @@ SETTINGS = {"default": _COMMON,
 # This tree's speed options: fields the baseline lacks, that change how an update is laid out or
 # sampled but not its loss (`config_drift`'s may-change set).
 SPEED = ("rl.pack_prefix", "rl.packed_buckets", "rl.sampler", "rl.sampler_slots",
-         "rl.reuse_prefix", "rl.prefix_cache_mb", "rl.shared_prefill", "rl.precompile_rows")
+         "rl.reuse_prefix", "rl.prefix_cache_mb", "rl.shared_prefill", "rl.precompile_rows",
+         "rl.update_chunk_rows")
 # Fields of this tree the baseline lacks whose values here are the baseline's behaviour.
 ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,
              "eval.headroom_train_tasks": 0, "task.num_public": [2, 3],

@@ -99,6 +99,11 @@ def get_config() -> ml_collections.ConfigDict:
   # The packed row counts the default's updates take compile on a spare core while the
   # warm-start's last evaluation runs, not at the RL phase's first updates.
   c.rl.precompile_rows = (1, 2, 4, 8)
+  # An update is a loop of gradient programs over chunks of 2 packed rows, then one optimizer
+  # step (`learner.make_chunked_update`): one compiled gradient program instead of one step
+  # per row count, and no row-bucket padding past the last chunk (with chunks, the programs
+  # compiled ahead are the chunk's, whatever `precompile_rows` names).
+  c.rl.update_chunk_rows = 2
   # Sample (and score the importance ratio) at temperature 1: the warm-started policy puts most
   # of its mass on the teacher's habit, and the right program must be among the group's samples
   # for RL to find it; at 0.5 the groups explored too little and the gain stalled at +0.07

@@ -79,6 +79,44 @@ class LearnerTest(absltest.TestCase):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     self.assertEqual(int(s1.step), 1)
 
+  def test_chunked_update_matches_full_batch(self):
+    # Chunks of one row (the KL term on, seq_mean_token_mean's per-row weights) accumulate to
+    # the whole step's loss, metrics and parameters.
+    batch = core_types.UpdateBatch(**_batch())
+    ref = self._ref(1)
+    s1, m1 = self.step(self._state(), batch, ref)
+    chunked = learner.make_chunked_update(self.graphdef, self.cfg, self.opt, shardings=self.sh)
+    weights = np.stack([learner.chunk_weights(batch.loss_mask, mode, 1)
+                        for mode in ("seq_mean_token_mean", "token_mean")], axis=1)
+    state = self._state()
+    acc = chunked.init(state.params)
+    for i in range(N):
+      chunk = jax.tree.map(lambda a, i=i: a[i:i + 1], batch)
+      acc = chunked.grad(state.params, acc, chunk, ref, weights[i])
+    s2, m2 = chunked.apply(state, acc)
+    for key in ("loss", "kl", "pg_loss", "entropy", "clip_fraction", "ratio_mean",
+                "approx_kl", "loss_tokens", "grad_norm"):
+      np.testing.assert_allclose(m2[key], m1[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    self.assertEqual(int(s2.step), 1)
+    self.assertEqual(weights[-1].tolist(), [0.0, 0.0])  # the padding row weighs nothing
+
+  def test_chunk_weights(self):
+    mask = np.zeros((4, 3), bool)
+    mask[0, :2] = mask[1, 0] = mask[2, :] = True
+    np.testing.assert_allclose(learner.chunk_weights(mask, "token_mean", 2), [0.5, 0.5])
+    np.testing.assert_allclose(learner.chunk_weights(mask, "seq_mean_token_mean", 2),
+                               [2 / 3, 1 / 3])
+    np.testing.assert_allclose(learner.chunk_weights(mask, "seq_mean_token_sum_norm", 2),
+                               [1.0, 1.0])
+    np.testing.assert_allclose(learner.chunk_weights(mask, "token_mean", 2,
+                                                     combine=lambda d: 2 * d), [0.5, 0.5])
+    with self.assertRaisesRegex(ValueError, "chunk_rows"):
+      learner.chunk_weights(mask, "token_mean", 3)
+    with self.assertRaisesRegex(ValueError, "aggregation"):
+      learner.chunk_weights(mask, "sum", 2)
+
   def test_nonfinite_update_is_skipped_and_counted(self):
     batch = _batch()
     r, c = np.argwhere(batch["loss_mask"])[0]

@@ -35,7 +35,6 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler as sampler_lib
 from agentic_grpo.models import transformer
-from agentic_grpo.replay import batching
 from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
@@ -415,7 +414,8 @@ class TrainTest(parameterized.TestCase):
       _micro(tiny_codegen, **{key: value})
 
   def test_update_shapes_compiled_ahead_are_not_compiled_again(self):
-    cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1, 2), "rl.packed_buckets": (160,)})
+    cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1, 2), "rl.packed_buckets": (160,),
+                                  "rl.update_chunk_rows": 0})
     comp = train.build(cfg, pool=self.pool)
     device = device_lib.DeviceSide(comp)
     self.assertEqual(device.rl_update_shapes(), [(1, 160), (2, 160)])
@@ -474,6 +474,85 @@ class TrainTest(parameterized.TestCase):
                                          params[1, 1]))
     self.assertGreater(max(moved), 1e-6)  # the second pass is a step of its own
 
+  @parameterized.parameters(
+      ("seq_mean_token_sum_norm", 1, True, 6), ("token_mean", 1, True, 6),
+      ("seq_mean_token_mean", 1, False, 6), ("seq_mean_token_sum_norm", 2, False, 6),
+      ("token_mean", 2, True, 6), ("seq_mean_token_sum_norm", 4, True, 8))
+  def test_chunked_update_equals_the_whole_step(self, aggregation, data, packed, slots):
+    # rl.update_chunk_rows: 5 real rows and 3 padding rows (a row bucket of 8) in chunks of 2
+    # rows (3 chunks, the last half padding) make the update of the whole batch. On a data-4
+    # mesh a chunk is 4 rows (whole shards): 2 chunks.
+    rs = np.random.RandomState(1)
+    batch = core_types.UpdateBatch.padding(8, 160, packed=packed)
+    batch.tokens[:5] = rs.randint(3, 200, (5, 160))
+    if packed:
+      batch.positions[:5] = np.arange(160)[None]
+    batch.loss_mask[:5, 100:] = rs.rand(5, 60) < 0.7
+    batch.sample_weights[:5] = 1.0
+    batch.advantages[:] = np.where(batch.loss_mask, rs.randn(8, 1), 0.0)
+    batch.behaviour_logprobs[:] = np.where(batch.loss_mask, -5.5, 0.0)
+    got = {}
+    for chunk in (0, 2):
+      cfg = _micro(tiny_codegen, **{"rl.update_chunk_rows": chunk, "rl.rows_per_update": 8,
+                                    "loss.aggregation": aggregation, "rl.pack_prefix": packed,
+                                    "rl.packed_buckets": (160,), "mesh.data": data,
+                                    "rl.buckets": (160,), "model.max_seq_len": 256})
+      device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
+      device.start_rl()
+      pending = device.update(batch, 8, cfg.rl.buckets)
+      metrics = device.fetch([pending])[0]
+      got[chunk] = (jax.tree.map(np.asarray, device.state.params), metrics, pending)
+    chex.assert_trees_all_close(got[2][0], got[0][0], atol=2e-6)
+    for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ratio_mean", "grad_norm",
+                "loss_tokens"):
+      np.testing.assert_allclose(got[2][1][key], got[0][1][key], rtol=1e-5, atol=1e-6,
+                                 err_msg=key)
+    self.assertGreater(got[0][1]["grad_norm"], 0.0)
+    self.assertIsNone(got[0][2].row_slots)
+    self.assertEqual(got[2][2].row_slots, slots)  # 5 real rows in whole chunks
+    self.assertEqual(got[2][2].tokens, slots * 160)
+
+  def test_chunked_update_compiles_its_programs_ahead_once(self):
+    # With rl.update_chunk_rows, compile_rl_updates compiles the chunk's gradient program at
+    # the one packed length, the zero accumulator and the optimizer step; updates of any row
+    # count then compile nothing.
+    cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1,), "rl.packed_buckets": (160,),
+                                  "rl.update_chunk_rows": 2, "rl.rows_per_update": 8})
+    device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
+    self.assertEqual(device.rl_update_shapes(), [(2, 160)])
+    compiles = []
+
+    def count(event, seconds, **kwargs):
+      del seconds, kwargs
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+      device.compile_rl_updates()
+      device.start_rl()
+      deadline = time.time() + 120
+      while len(compiles) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+      self.assertLen(compiles, 3)
+      for rows in (1, 3, 8):
+        batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
+        batch.sample_weights[:] = 1.0
+        pending = device.update(batch, rows, cfg.rl.buckets)
+        device.fetch([pending])
+        self.assertEqual(pending.row_slots, -(-rows // 2) * 2)
+      self.assertLen(compiles, 3)
+      self.assertEqual(device.num_traces["update"], 1)
+    finally:
+      jax.monitoring.unregister_event_duration_listener(count)
+
+  @parameterized.parameters(({"rl.update_chunk_rows": 3},),
+                            ({"rl.update_chunk_rows": -1},),
+                            ({"rl.update_chunk_rows": 2, "rl.micro_batches": 2},))
+  def test_bad_update_chunk_rows_names_the_field(self, overrides):
+    with self.assertRaisesRegex(ValueError, re.escape("config.rl.update_chunk_rows")):
+      _micro(tiny_codegen, **overrides)
+
   @parameterized.parameters(0, -1)
   def test_bad_ppo_epochs_names_the_field(self, value):
     with self.assertRaisesRegex(ValueError, re.escape("config.rl.ppo_epochs")):
@@ -494,12 +573,13 @@ class TrainTest(parameterized.TestCase):
     last = _rows(workdir)[-1]
     self.assertGreater(last["counts/errors/hypothesis"], 0)  # The raising reward.
     self.assertGreater(last["counts/timeout"], 0)  # The hanging programs.
-    # Shapes are bucketed: one length bucket, so the (cached) update step compiled at most once
-    # per row bucket.
+    # Updates are chunked (`rl.update_chunk_rows`): one packed row length, so the (cached)
+    # gradient program compiled once, whatever the updates' row counts.
     comp = train.build(cfg, pool=self.pool)
-    update = learner.make_update_step(comp.graphdef, cfg, train.rl_optimizer(cfg),
-                                      shardings=comp.shardings)
-    self.assertBetween(update.num_traces, 1, len(batching.row_buckets(cfg.rl.rows_per_update)))
+    chunked = learner.make_chunked_update(comp.graphdef, cfg, train.rl_optimizer(cfg),
+                                          shardings=comp.shardings,
+                                          vocab_limit=device_lib.vocab_limit(comp))
+    self.assertEqual(chunked.grad.num_traces, 1)
 
   def test_resume_equals_uninterrupted(self):
     # A pool of 2 training tasks and one task per batch: epochs end every 2 batches. Final

@@ -128,6 +128,12 @@ class RLSection:
       log-probs the rows were sampled with, so passes after the first are clipped by PPO's
       trust region; the learning-rate schedule spans `num_steps * ppo_epochs` optimizer steps
       (its warm-up `optim.warmup_steps * ppo_epochs`). An update's metrics are its last pass's.
+    update_chunk_rows: 0 (off): an update is one compiled step per row bucket; C >= 1: an
+      update of N rows is `ceil(N / C)` gradient programs of C rows each, accumulated, then one
+      optimizer step (`learner.make_chunked_update`): one compiled gradient program per row
+      length whatever N is, and no padding rows past the last chunk's. The same update up to
+      float summation order; needs `micro_batches=1` and C dividing `rows_per_update`. A
+      chunk is rounded up to whole shards of the mesh's batch axes (`DeviceSide`).
     temperature: sampling temperature of the behaviour policy (> 0).
     top_k: top-k sampling (0 = off).
     top_p: nucleus sampling mass, in (0, 1].
@@ -162,7 +168,8 @@ class RLSection:
     precompile_rows: update row counts (this process's) whose update step compiles in a
       background thread during the warm-start's last evaluation (`train.device.DeviceSide.
       compile_rl_updates`), at each packed row length or bucket: the RL phase's first
-      updates of those shapes then run at once. `()` = compile on first use.
+      updates of those shapes then run at once. `()` = compile on first use. With
+      `update_chunk_rows`, any row count compiles the chunk's programs instead.
   """
   num_steps: int = 60
   tasks_per_batch: int = 8
@@ -171,6 +178,7 @@ class RLSection:
   rows_per_update: int = 64
   micro_batches: int = 1
   ppo_epochs: int = 1
+  update_chunk_rows: int = 0
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -253,6 +261,13 @@ class RLSection:
     checks.check(isinstance(self.ppo_epochs, int) and not isinstance(self.ppo_epochs, bool)
                  and self.ppo_epochs >= 1, f"{path}.ppo_epochs",
                  "must be an int >= 1 (optimizer steps per update)", self.ppo_epochs)
+    checks.check(isinstance(self.update_chunk_rows, int) and not isinstance(
+        self.update_chunk_rows, bool) and self.update_chunk_rows >= 0 and (
+            self.update_chunk_rows == 0 or (self.rows_per_update % self.update_chunk_rows == 0
+                                            and self.micro_batches == 1)),
+                 f"{path}.update_chunk_rows", f"must be 0 (off) or an int >= 1 dividing "
+                 f"rl.rows_per_update ({self.rows_per_update}), with rl.micro_batches=1 "
+                 f"(got {self.micro_batches})", self.update_chunk_rows)
     checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
     checks.check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
     checks.check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)

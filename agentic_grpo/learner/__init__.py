@@ -63,6 +63,9 @@ from agentic_grpo.learner.state import STATE_DERIVATIONS
 from agentic_grpo.learner.state import NonFiniteUpdatesError
 from agentic_grpo.learner.state import to_master
 from agentic_grpo.learner.state import TrainState
+from agentic_grpo.learner.steps import chunk_weights
+from agentic_grpo.learner.steps import ChunkedUpdate
 from agentic_grpo.learner.steps import CountedJit
+from agentic_grpo.learner.steps import make_chunked_update
 from agentic_grpo.learner.steps import make_sft_step
 from agentic_grpo.learner.steps import make_update_step

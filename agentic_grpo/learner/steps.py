@@ -5,11 +5,12 @@ See the package docstring (`agentic_grpo.learner`) for what each loss term sees.
 """
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from agentic_grpo.core import logprobs as logprobs_lib
@@ -190,11 +191,10 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: Any,
                       shardings or Shardings.replicated())
 
 
-@functools.lru_cache(maxsize=16)
-def _update_step(graphdef, loss_cfg: sections.LossSection, micro_batches: int,
-                 num_rows: Optional[int], transform: core_types.SamplingTransform, optimizer,
-                 shardings: Shardings):
-  """The cached body of `make_update_step`."""
+def _rl_loss_fn(graphdef, loss_cfg: sections.LossSection, num_rows: Optional[int],
+                transform: core_types.SamplingTransform) -> Callable:
+  """`loss_fn(params, batch, ref_params) -> (loss, metrics)`: the Agentic GRPO update's loss
+  on one (micro-)batch (`make_update_step`)."""
   max_tokens = loss_cfg.max_tokens or None
   # The KL term's distributions: temperature-scaled, not filtered (module docstring), over the
   # sampleable ids.
@@ -234,6 +234,17 @@ def _update_step(graphdef, loss_cfg: sections.LossSection, micro_batches: int,
     metrics.pop("loss_tokens")
     metrics.pop("ratio_max")
     return total, metrics
+
+  return loss_fn
+
+
+@functools.lru_cache(maxsize=16)
+def _update_step(graphdef, loss_cfg: sections.LossSection, micro_batches: int,
+                 num_rows: Optional[int], transform: core_types.SamplingTransform, optimizer,
+                 shardings: Shardings):
+  """The cached body of `make_update_step`."""
+  max_tokens = loss_cfg.max_tokens or None
+  loss_fn = _rl_loss_fn(graphdef, loss_cfg, num_rows, transform)
 
   def step(state: TrainState, batch: core_types.UpdateBatch, ref_params):
     _check_type(batch, core_types.UpdateBatch).check()
@@ -294,3 +305,131 @@ def _check_type(batch, cls):
   if not isinstance(batch, cls):
     raise ValueError(f"batch must be a {cls.__name__}, got {type(batch).__name__}")
   return batch
+
+
+# `core.losses.policy_loss`'s metrics that are means over the loss tokens (whatever the loss's
+# aggregation): chunks combine them by their loss-token counts.
+TOKEN_MEAN_METRICS = ("clip_fraction", "dual_clip_fraction", "ratio_mean", "approx_kl")
+
+
+class ChunkedUpdate(NamedTuple):
+  """One Agentic GRPO update as a loop of fixed-shape gradient programs (`make_chunked_update`).
+
+  Attributes:
+    init: `init(params) -> acc`, a zero accumulator (float32 gradients like `params`, the
+      loss, the metrics, the loss-token count).
+    grad: `grad(params, acc, chunk, ref_params, weights) -> acc`: adds the chunk's gradient,
+      loss and aggregated metrics (`pg_loss`, `kl`, `entropy`) times `weights[0]` and its
+      token-mean metrics (`TOKEN_MEAN_METRICS`) times `weights[1]` (`chunk_weights`: the
+      loss's and `token_mean`'s); `chunk` a `core.types.UpdateBatch` of `chunk_rows` rows,
+      `weights` `[2]` float32, `acc` donated.
+    apply: `apply(state, acc) -> (state, metrics)`: one optimizer step on the accumulated
+      gradient (`state` donated), the metrics of `make_update_step`.
+  """
+  init: CountedJit
+  grad: CountedJit
+  apply: CountedJit
+
+
+def make_chunked_update(graphdef: nnx.GraphDef, cfg: Any, optimizer: optax.GradientTransformation,
+                        *, shardings: Optional[Shardings] = None,
+                        vocab_limit: int = 0) -> ChunkedUpdate:
+  """`make_update_step`'s update, computed as a loop over chunks of a fixed row count.
+
+  An update of N rows runs `grad` on `ceil(N / C)` chunks of `C` rows (the last padded with
+  padding rows, which change nothing) and `apply` once, so that the update compiles one
+  gradient program per row length whatever N is, instead of one whole step per row bucket,
+  and computes no padding rows beyond the last chunk's. With `chunk_weights`' weights the
+  accumulated loss, gradient and metrics are the whole batch's (`core.losses.aggregate`'s
+  micro-batch identity, with the whole update's constant normaliser for
+  `seq_mean_token_sum_norm`): `make_update_step`'s update with `rl.micro_batches=1` up to
+  float summation order. Arguments as `make_update_step`'s; `rl.micro_batches` is not used.
+  """
+  num_rows = (cfg.rl.rows_per_update if cfg.loss.aggregation == "seq_mean_token_sum_norm"
+              else None)
+  return _chunked_update(graphdef, cfg.loss, num_rows, cfg.rl.transform(vocab_limit=vocab_limit),
+                         optimizer, shardings or Shardings.replicated())
+
+
+@functools.lru_cache(maxsize=16)
+def _chunked_update(graphdef, loss_cfg: sections.LossSection, num_rows: Optional[int],
+                    transform: core_types.SamplingTransform, optimizer,
+                    shardings: Shardings) -> ChunkedUpdate:
+  """The cached body of `make_chunked_update`."""
+  loss_fn = _rl_loss_fn(graphdef, loss_cfg, num_rows, transform)
+  # The accumulated gradient is sharded like the parameters; its scalars are replicated.
+  param_sh = getattr(shardings.state, "params", shardings.state)
+  scalar = jax.sharding.NamedSharding(jax.tree.leaves(param_sh)[0].mesh,
+                                      jax.sharding.PartitionSpec())
+  acc_sh = (param_sh, scalar, scalar, scalar)
+
+  def metric_zeros(params):
+    probe = core_types.UpdateBatch.padding(1, 8)
+    shapes = jax.eval_shape(lambda p: loss_fn(p, probe, p)[1], params)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def init(params):
+    zeros = state_lib.to_master(jax.tree.map(jnp.zeros_like, params))
+    return (zeros, jnp.zeros((), jnp.float32), metric_zeros(params),
+            jnp.zeros((), jnp.float32))
+
+  def grad(params, acc, chunk: core_types.UpdateBatch, ref_params, weights):
+    _check_type(chunk, core_types.UpdateBatch).check()
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: loss_fn(p, chunk, ref_params), has_aux=True)(params)
+    acc_grads, acc_loss, acc_metrics, acc_tokens = acc
+    w, per_token = weights[0], weights[1]
+    grads = state_lib.to_master(grads)
+    metrics = {k: (per_token if k in TOKEN_MEAN_METRICS else w) * x for k, x in metrics.items()}
+    return (jax.tree.map(lambda a, g: a + w * g, acc_grads, grads),
+            acc_loss + w * loss,
+            jax.tree.map(jnp.add, acc_metrics, metrics),
+            acc_tokens + jnp.sum(chunk.loss_mask).astype(jnp.float32))
+
+  def apply(state: TrainState, acc):
+    grads, loss, metrics, tokens = acc
+    return _apply_updates(state, grads, optimizer, loss, dict(metrics, loss_tokens=tokens))
+
+  return ChunkedUpdate(
+      init=CountedJit(init, in_shardings=(param_sh,), out_shardings=acc_sh),
+      grad=CountedJit(grad, in_shardings=(param_sh, acc_sh, shardings.batch,
+                                          shardings.ref_params, scalar),
+                      out_shardings=acc_sh, donate_argnums=(1,)),
+      apply=CountedJit(apply, in_shardings=(shardings.state, acc_sh),
+                       out_shardings=(shardings.state, None), donate_argnums=(0,)))
+
+
+def chunk_weights(loss_mask: np.ndarray, aggregation: str, chunk_rows: int,
+                  combine: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
+  """Host-side weights `[N / C]` float32 of `make_chunked_update`'s chunks: `d_c / max(D, 1)`
+  (0 where `d_c` is 0), `d_c` the chunk's `core.losses.aggregate_denominator` and `D` the
+  whole batch's; 1 for every chunk under `seq_mean_token_sum_norm`, whose chunks are
+  normalised by the whole update's constant already.
+
+  Args:
+    loss_mask: `[N, T]` bool, this process's rows, N a multiple of `chunk_rows`.
+    aggregation: `loss.aggregation`.
+    chunk_rows: C >= 1.
+    combine: with several processes, maps this process's `[N / C]` float64 denominators to
+      the global chunks' (the sum over processes: a collective every process calls); None for
+      one process. Not called under `seq_mean_token_sum_norm`.
+
+  Raises:
+    ValueError: N not a multiple of `chunk_rows`, or an unknown aggregation.
+  """
+  mask = np.asarray(loss_mask, bool)
+  n = mask.shape[0]
+  if chunk_rows < 1 or n % chunk_rows:
+    raise ValueError(f"chunk_rows must be >= 1 and divide the batch's rows ({n}), got "
+                     f"{chunk_rows}")
+  core_types.check_choice("aggregation", aggregation, losses_lib.AGGREGATIONS)
+  if aggregation == "seq_mean_token_sum_norm":
+    return np.ones(n // chunk_rows, np.float32)
+  chunks = mask.reshape(n // chunk_rows, chunk_rows, -1)
+  if aggregation == "token_mean":
+    d = chunks.sum(axis=(1, 2)).astype(np.float64)
+  else:
+    d = chunks.any(-1).sum(-1).astype(np.float64)
+  if combine is not None:
+    d = np.asarray(combine(d), np.float64)
+  return np.where(d > 0, d / max(d.sum(), 1.0), 0.0).astype(np.float32)

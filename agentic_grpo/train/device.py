@@ -170,9 +170,12 @@ class Pending:
   Attributes:
     metrics: the step's metrics (device scalars; opaque to host code).
     tokens: token slots of the global batch (`rows * T`), for tokens/s.
+    row_slots: this process's rows computed, when not the batch's (`rl.update_chunk_rows`:
+      its real rows padded to whole chunks); None otherwise.
   """
   metrics: Any
   tokens: int
+  row_slots: Optional[int] = None
 
 
 def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
@@ -320,6 +323,12 @@ class DeviceSide:
                            cfg.seed), comp.shardings.state)
     self._ref = None
     self._sft_step = self._update_step = None
+    self._chunked: Optional[learner.ChunkedUpdate] = None
+    # `rl.update_chunk_rows`, this process's rows of a chunk: rounded up so that a global
+    # chunk (every process's) splits over the mesh's batch shards as a full update's rows do.
+    self._chunk_rows = cfg.rl.update_chunk_rows
+    if self._chunk_rows:
+      self._chunk_rows = math.lcm(self._chunk_rows, self.row_granule(comp.coord.process_count))
     # The RL update step's compilations running ahead (`compile_rl_updates`), joined by the
     # first `update`.
     self._compiling: Optional[threading.Thread] = None
@@ -373,15 +382,26 @@ class DeviceSide:
                                                    vocab_limit=vocab_limit(self._comp))
     return self._update_step
 
+  def _rl_chunked(self) -> learner.ChunkedUpdate:
+    if self._chunked is None:
+      self._chunked = learner.make_chunked_update(self._comp.graphdef, self._cfg, self._rl_opt,
+                                                  shardings=self._comp.shardings,
+                                                  vocab_limit=vocab_limit(self._comp))
+    return self._chunked
+
   def rl_update_shapes(self) -> list[tuple[int, int]]:
     """The global `(rows, length)` update batch shapes `rl.precompile_rows` names: each row
     count (this process's rows, times the process count) at each packed row length
-    (`rl.packed_buckets`) or, unpacked, at each of `rl.buckets`."""
+    (`rl.packed_buckets`) or, unpacked, at each of `rl.buckets`. With `rl.update_chunk_rows`
+    the one chunk's rows at each length (when `rl.precompile_rows` is not empty)."""
     cfg = self._cfg
     lengths = (sorted(set(cfg.rl.packed_lengths().values())) if packs_prefixes(cfg)
                else list(cfg.rl.buckets))
     n = self._comp.coord.process_count
-    return [(int(r) * n, int(t)) for r in cfg.rl.precompile_rows for t in lengths]
+    counts = cfg.rl.precompile_rows
+    if self._chunk_rows and counts:
+      counts = (self._chunk_rows,)
+    return [(int(r) * n, int(t)) for r in counts for t in lengths]
 
   def compile_rl_updates(self) -> None:
     """Starts compiling the RL update step for `rl_update_shapes()` in a background thread
@@ -392,9 +412,11 @@ class DeviceSide:
     Compiling changes nothing a step computes. No-op without shapes or when already started.
     """
     shapes = self.rl_update_shapes()
-    if not shapes or self._compiling is not None or self._update_step is not None:
+    if (not shapes or self._compiling is not None or self._update_step is not None
+        or self._chunked is not None):
       return
-    step = self._rl_update_step()
+    chunked = self._rl_chunked() if self._cfg.rl.update_chunk_rows else None
+    step = None if chunked else self._rl_update_step()
     sh = self._comp.shardings
     mesh, rules = self._comp.mesh, self._cfg.mesh.rules()
     master = self._state.master
@@ -415,6 +437,21 @@ class DeviceSide:
           x.shape, x.dtype, sharding=parallel.batch_sharding(mesh, x.shape, rules)), host)
 
     def work():
+      if chunked is not None:  # `learner.make_chunked_update`'s three programs
+        try:
+          params = state.params
+          lowered = chunked.init.lower(params)
+          acc = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             lowered.out_info, lowered.compile().output_shardings)
+          weight = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=acc[1].sharding)
+          for rows, length in shapes:
+            chunked.grad.lower(params, acc, abstract_batch(rows, length), ref,
+                               weight).compile()
+          chunked.apply.lower(state, acc).compile()
+        except Exception as e:  # pylint: disable=broad-except (they compile when used)
+          logging.warning("compiling the chunked RL update ahead failed (it compiles when "
+                          "first used): %s", e)
+        return
       for rows, length in shapes:
         try:
           step.lower(state, abstract_batch(rows, length), ref).compile()
@@ -472,18 +509,61 @@ class DeviceSide:
     has its own shape: with several processes they agree on the largest row count and row
     length (`Coordinator.agree_max`) and pad to it.
     """
-    self._rl_update_step()
+    if not self._cfg.rl.update_chunk_rows:
+      self._rl_update_step()
     if self._compiling is not None:  # `compile_rl_updates`: its programs first
       self._compiling.join()
       self._compiling = None
     if packs_prefixes(self._cfg):
       batch = self._packed_share(batch, rows, buckets)
+    if self._cfg.rl.update_chunk_rows:
+      return self._chunked_update(batch if batch is not None
+                                  else core_types.UpdateBatch.padding(rows, buckets[0]))
     with jax.transfer_guard(self._transfer_guard):
       placed = self._put(batch if batch is not None
                          else core_types.UpdateBatch.padding(rows, buckets[0]))
       for _ in range(self._cfg.rl.ppo_epochs):  # GRPO's μ passes over the same rows
         self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
+
+  def _chunked_update(self, batch: core_types.UpdateBatch) -> Pending:
+    """`update` with `rl.update_chunk_rows` (`learner.make_chunked_update`): this process's
+    real rows padded to whole chunks, each chunk's gradient added with its
+    `learner.chunk_weights` weights, then one optimizer step; `rl.ppo_epochs` times. The
+    batch's trailing padding rows (its row bucket's) are dropped first; every process runs as
+    many chunks as the one with the most real rows."""
+    cfg = self._cfg
+    chunked = self._rl_chunked()
+    coord = self._comp.coord
+    c = self._chunk_rows
+    length = batch.tokens.shape[1]
+    real = np.flatnonzero((np.asarray(batch.sample_weights) > 0)
+                          | np.asarray(batch.loss_mask).any(-1))
+    used = int(real[-1]) + 1 if real.size else 0
+    k = max(1, -(-used // c))
+    if coord.process_count > 1:
+      k = coord.agree_max(k)
+    batch = jax.tree.map(lambda a: a[:min(used, k * c)], batch)
+    if k * c > batch.tokens.shape[0]:
+      pad = core_types.UpdateBatch.padding(k * c - batch.tokens.shape[0], length,
+                                           packed=batch.branches is not None)
+      batch = jax.tree.map(lambda a, b: np.concatenate([a, b]), batch, pad)
+    combine = None
+    if coord.process_count > 1:
+      combine = lambda d: np.sum(coord.gather(d.tolist()), axis=0)  # pylint: disable=unnecessary-lambda-assignment
+    weights = np.stack([learner.chunk_weights(batch.loss_mask, mode, c, combine)
+                        for mode in (cfg.loss.aggregation, "token_mean")], axis=1)
+    scalar = jax.sharding.NamedSharding(self._comp.mesh, jax.sharding.PartitionSpec())
+    with jax.transfer_guard(self._transfer_guard):
+      chunks = [self._put(jax.tree.map(lambda a: a[i * c:(i + 1) * c], batch))
+                for i in range(k)]
+      placed_weights = [jax.device_put(w, scalar) for w in weights]
+      for _ in range(cfg.rl.ppo_epochs):  # GRPO's μ passes over the same rows
+        acc = chunked.init(self._state.params)
+        for chunk, w in zip(chunks, placed_weights):
+          acc = chunked.grad(self._state.params, acc, chunk, self._ref, w)
+        self._state, metrics = chunked.apply(self._state, acc)
+    return Pending(metrics, sum(int(chunk.loss_mask.size) for chunk in chunks), k * c)
 
   def _packed_share(self, batch: Optional[core_types.UpdateBatch], rows: int,
                     buckets: Sequence[int]) -> core_types.UpdateBatch:
@@ -526,5 +606,6 @@ class DeviceSide:
   @property
   def num_traces(self) -> dict[str, int]:
     """Compilations of the update and warm-start steps so far (`learner.CountedJit`)."""
-    return {name: step.num_traces for name, step in (("update", self._update_step),
+    update = self._chunked.grad if self._chunked is not None else self._update_step
+    return {name: step.num_traces for name, step in (("update", update),
                                                      ("sft", self._sft_step)) if step}

@@ -142,6 +142,11 @@ class RLPhase:
         "rows": 0, "loss_tokens": 0, "padding_fraction": 1.0, "row_slots": rows,
         "token_slots": rows * buckets[0]}
     pending = s.device.update(batch.update if batch is not None else None, rows, buckets)
+    if pending.row_slots is not None and stats["row_slots"]:  # the rows it computed
+      length = stats["token_slots"] // stats["row_slots"]
+      stats = dict(stats, row_slots=pending.row_slots,
+                   token_slots=pending.row_slots * length,
+                   padding_fraction=1.0 - stats["loss_tokens"] / (pending.row_slots * length))
     self.busy["learner"] += time.time() - t0
     s.advance()
     self.updates_run += 1
