@@ -102,6 +102,21 @@ class LearnerTest(absltest.TestCase):
     self.assertEqual(int(s2.step), 1)
     self.assertEqual(weights[-1].tolist(), [0.0, 0.0])  # the padding row weighs nothing
 
+  def test_real_chunks_and_split_chunks(self):
+    batch = core_types.UpdateBatch.padding(8, 5)
+    batch.sample_weights[:3] = 1.0
+    batch.tokens[:3] = 7
+    self.assertEqual(learner.real_chunks(batch, 2), 2)  # 3 real rows, trailing padding
+    self.assertEqual(learner.real_chunks(core_types.UpdateBatch.padding(4, 5), 2), 1)
+    chunks = learner.split_chunks(batch, 2, 2)  # cut to 4 rows
+    self.assertEqual([c.tokens.shape for c in chunks], [(2, 5), (2, 5)])
+    np.testing.assert_array_equal(chunks[1].tokens[0], 7)
+    np.testing.assert_array_equal(chunks[1].sample_weights, [1.0, 0.0])
+    chunks = learner.split_chunks(batch, 3, 4)  # padded to 12 rows with padding rows
+    self.assertLen(chunks, 4)
+    self.assertEqual(float(sum(c.sample_weights.sum() for c in chunks)), 3.0)
+    self.assertFalse(chunks[-1].loss_mask.any())
+
   def test_chunk_weights(self):
     mask = np.zeros((4, 3), bool)
     mask[0, :2] = mask[1, 0] = mask[2, :] = True

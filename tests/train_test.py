@@ -4,6 +4,7 @@ Runs share one sandbox pool and, through the caches of the jitted steps and the 
 set of compilations.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -69,6 +70,30 @@ def _micro(module, **overrides):
     section, field = key.split(".")
     c[section][field] = value
   return config_lib.from_config_dict(c)
+
+
+@contextlib.contextmanager
+def _counting_compiles():
+  """Yields a list that grows by one per XLA backend compilation while the block runs."""
+  compiles = []
+
+  def count(event, seconds, **kwargs):
+    del seconds, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    yield compiles
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
+
+
+def _wait_for(compiles, n, timeout=120.0):
+  """Waits until `compiles` holds `n` entries (a background thread's compilations)."""
+  deadline = time.time() + timeout
+  while len(compiles) < n and time.time() < deadline:
+    time.sleep(0.1)
 
 
 def _tensorboard_tags(workdir):
@@ -419,20 +444,10 @@ class TrainTest(parameterized.TestCase):
     comp = train.build(cfg, pool=self.pool)
     device = device_lib.DeviceSide(comp)
     self.assertEqual(device.rl_update_shapes(), [(1, 160), (2, 160)])
-    compiles = []
-
-    def count(event, seconds, **kwargs):
-      del seconds, kwargs
-      if event == "/jax/core/compile/backend_compile_duration":
-        compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      deadline = time.time() + 120
-      while len(compiles) < 2 and time.time() < deadline:  # the background thread's
-        time.sleep(0.1)
+      _wait_for(compiles, 2)  # the background thread's
       self.assertLen(compiles, 2)
       traces = device.num_traces["update"]  # the step is cached: other tests may have traced it
       for rows in (1, 2):
@@ -443,8 +458,6 @@ class TrainTest(parameterized.TestCase):
       device.fetch([device.update(core_types.UpdateBatch.padding(4, 160, packed=True), 4,
                                   cfg.rl.buckets)])
       self.assertLen(compiles, 3)  # a shape not named compiles on first use
-    finally:
-      jax.monitoring.unregister_event_duration_listener(count)
 
   def test_ppo_epochs_take_that_many_optimizer_steps_on_the_same_rows(self):
     # GRPO's μ iterations: an update of rl.ppo_epochs=2 equals two updates of 1 on its rows
@@ -520,20 +533,10 @@ class TrainTest(parameterized.TestCase):
                                   "rl.update_chunk_rows": 2, "rl.rows_per_update": 8})
     device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
     self.assertEqual(device.rl_update_shapes(), [(2, 160)])
-    compiles = []
-
-    def count(event, seconds, **kwargs):
-      del seconds, kwargs
-      if event == "/jax/core/compile/backend_compile_duration":
-        compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      deadline = time.time() + 120
-      while len(compiles) < 3 and time.time() < deadline:
-        time.sleep(0.1)
+      _wait_for(compiles, 3)
       self.assertLen(compiles, 3)
       for rows in (1, 3, 8):
         batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
@@ -543,8 +546,6 @@ class TrainTest(parameterized.TestCase):
         self.assertEqual(pending.row_slots, -(-rows // 2) * 2)
       self.assertLen(compiles, 3)
       self.assertEqual(device.num_traces["update"], 1)
-    finally:
-      jax.monitoring.unregister_event_duration_listener(count)
 
   @parameterized.parameters(({"rl.update_chunk_rows": 3},),
                             ({"rl.update_chunk_rows": -1},),

@@ -68,4 +68,6 @@ from agentic_grpo.learner.steps import ChunkedUpdate
 from agentic_grpo.learner.steps import CountedJit
 from agentic_grpo.learner.steps import make_chunked_update
 from agentic_grpo.learner.steps import make_sft_step
+from agentic_grpo.learner.steps import real_chunks
+from agentic_grpo.learner.steps import split_chunks
 from agentic_grpo.learner.steps import make_update_step

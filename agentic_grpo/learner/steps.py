@@ -399,6 +399,31 @@ def _chunked_update(graphdef, loss_cfg: sections.LossSection, num_rows: Optional
                        out_shardings=(shardings.state, None), donate_argnums=(0,)))
 
 
+def real_chunks(batch: core_types.UpdateBatch, chunk_rows: int) -> int:
+  """How many chunks of `chunk_rows` rows hold `batch`'s real rows (host side): those up to the
+  last row with a weight or a loss token; at least 1."""
+  real = np.flatnonzero((np.asarray(batch.sample_weights) > 0)
+                        | np.asarray(batch.loss_mask).any(-1))
+  used = int(real[-1]) + 1 if real.size else 0
+  return max(1, -(-used // chunk_rows))
+
+
+def split_chunks(batch: core_types.UpdateBatch, chunk_rows: int,
+                 num_chunks: int) -> list[core_types.UpdateBatch]:
+  """`batch` (NumPy, `[N, T]`) as `num_chunks` chunks of `chunk_rows` rows: its first rows,
+  cut or padded with padding rows (`UpdateBatch.padding`, which change nothing) to
+  `num_chunks * chunk_rows`. Rows cut must be padding (`real_chunks`)."""
+  rows = num_chunks * chunk_rows
+  batch = jax.tree.map(lambda a: a[:rows], batch)
+  have = batch.tokens.shape[0]
+  if have < rows:
+    pad = core_types.UpdateBatch.padding(rows - have, batch.tokens.shape[1],
+                                         packed=batch.branches is not None)
+    batch = jax.tree.map(lambda a, b: np.concatenate([a, b]), batch, pad)
+  return [jax.tree.map(lambda a, i=i: a[i * chunk_rows:(i + 1) * chunk_rows], batch)
+          for i in range(num_chunks)]
+
+
 def chunk_weights(loss_mask: np.ndarray, aggregation: str, chunk_rows: int,
                   combine: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
   """Host-side weights `[N / C]` float32 of `make_chunked_update`'s chunks: `d_c / max(D, 1)`

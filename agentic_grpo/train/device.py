@@ -415,7 +415,7 @@ class DeviceSide:
     if (not shapes or self._compiling is not None or self._update_step is not None
         or self._chunked is not None):
       return
-    chunked = self._rl_chunked() if self._cfg.rl.update_chunk_rows else None
+    chunked = self._rl_chunked() if self._chunk_rows else None
     step = None if chunked else self._rl_update_step()
     sh = self._comp.shardings
     mesh, rules = self._comp.mesh, self._cfg.mesh.rules()
@@ -509,14 +509,14 @@ class DeviceSide:
     has its own shape: with several processes they agree on the largest row count and row
     length (`Coordinator.agree_max`) and pad to it.
     """
-    if not self._cfg.rl.update_chunk_rows:
+    if not self._chunk_rows:
       self._rl_update_step()
     if self._compiling is not None:  # `compile_rl_updates`: its programs first
       self._compiling.join()
       self._compiling = None
     if packs_prefixes(self._cfg):
       batch = self._packed_share(batch, rows, buckets)
-    if self._cfg.rl.update_chunk_rows:
+    if self._chunk_rows:
       return self._chunked_update(batch if batch is not None
                                   else core_types.UpdateBatch.padding(rows, buckets[0]))
     with jax.transfer_guard(self._transfer_guard):
@@ -536,27 +536,18 @@ class DeviceSide:
     chunked = self._rl_chunked()
     coord = self._comp.coord
     c = self._chunk_rows
-    length = batch.tokens.shape[1]
-    real = np.flatnonzero((np.asarray(batch.sample_weights) > 0)
-                          | np.asarray(batch.loss_mask).any(-1))
-    used = int(real[-1]) + 1 if real.size else 0
-    k = max(1, -(-used // c))
-    if coord.process_count > 1:
-      k = coord.agree_max(k)
-    batch = jax.tree.map(lambda a: a[:min(used, k * c)], batch)
-    if k * c > batch.tokens.shape[0]:
-      pad = core_types.UpdateBatch.padding(k * c - batch.tokens.shape[0], length,
-                                           packed=batch.branches is not None)
-      batch = jax.tree.map(lambda a, b: np.concatenate([a, b]), batch, pad)
+    k = learner.real_chunks(batch, c)
     combine = None
     if coord.process_count > 1:
+      k = coord.agree_max(k)
       combine = lambda d: np.sum(coord.gather(d.tolist()), axis=0)  # pylint: disable=unnecessary-lambda-assignment
-    weights = np.stack([learner.chunk_weights(batch.loss_mask, mode, c, combine)
+    host_chunks = learner.split_chunks(batch, c, k)
+    mask = np.concatenate([chunk.loss_mask for chunk in host_chunks])
+    weights = np.stack([learner.chunk_weights(mask, mode, c, combine)
                         for mode in (cfg.loss.aggregation, "token_mean")], axis=1)
     scalar = jax.sharding.NamedSharding(self._comp.mesh, jax.sharding.PartitionSpec())
     with jax.transfer_guard(self._transfer_guard):
-      chunks = [self._put(jax.tree.map(lambda a: a[i * c:(i + 1) * c], batch))
-                for i in range(k)]
+      chunks = [self._put(chunk) for chunk in host_chunks]
       placed_weights = [jax.device_put(w, scalar) for w in weights]
       for _ in range(cfg.rl.ppo_epochs):  # GRPO's μ passes over the same rows
         acc = chunked.init(self._state.params)
