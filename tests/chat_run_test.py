@@ -28,7 +28,7 @@ from agentic_grpo import replay as replay_lib
 from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.models import hf_import
-from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import sampling as sampling_lib
 from tests.fixtures import chat_checkpoint
 
 
@@ -104,7 +104,7 @@ class ChatRunTest(parameterized.TestCase):
         "checkpoint": {"every": 1}, "log": {"progress_bar": False},
         "mesh": mesh})
     samples, rows, reused = [], [], []
-    make_sample_fn, add_stage = device_lib.make_sample_fn, replay_lib.StagedReplay.add_stage
+    make_sample_fn, add_stage = sampling_lib.make_sample_fn, replay_lib.StagedReplay.add_stage
 
     def recording_make_sample_fn(*args, **kwargs):
       inner = make_sample_fn(*args, **kwargs)
@@ -127,7 +127,7 @@ class ChatRunTest(parameterized.TestCase):
 
     workdir = os.path.join(os.path.dirname(ckpt), "run")
     with sandbox.SandboxPool(max_workers=2) as pool, \
-        mock.patch.object(device_lib, "make_sample_fn", recording_make_sample_fn), \
+        mock.patch.object(sampling_lib, "make_sample_fn", recording_make_sample_fn), \
         mock.patch.object(replay_lib.StagedReplay, "add_stage", recording_add_stage):
       self.assertEqual(train.run(cfg, workdir, pool=pool, stop_after=1)["step"], 1)
       result = train.run(cfg, workdir, pool=pool)

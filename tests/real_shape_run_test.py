@@ -25,8 +25,8 @@ from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.sandbox import execution
 from agentic_grpo.train import components as components_lib
-from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import eval_only
+from agentic_grpo.train import sampling as sampling_lib
 from tests.fixtures import chat_checkpoint
 
 # The tokenizer's ids and the embedding's rows (six padded rows past the tokenizer).
@@ -112,7 +112,7 @@ class RealShapeRunTest(absltest.TestCase):
         "replay": {"skip_zero_advantage": False},
         "checkpoint": {"every": 1}, "log": {"progress_bar": False}})
     samples = []
-    make_sample_fn = device_lib.make_sample_fn
+    make_sample_fn = sampling_lib.make_sample_fn
 
     def recording_make_sample_fn(*args, **kwargs):
       inner = make_sample_fn(*args, **kwargs)
@@ -126,7 +126,7 @@ class RealShapeRunTest(absltest.TestCase):
 
     workdir = os.path.join(tmp, "run")
     with sandbox.SandboxPool(max_workers=2) as pool, \
-        mock.patch.object(device_lib, "make_sample_fn", recording_make_sample_fn):
+        mock.patch.object(sampling_lib, "make_sample_fn", recording_make_sample_fn):
       # The float problem is kept in both layouts (its reference passes its own tests) and a
       # correct program is judged right, a wrong one wrong.
       comp = components_lib.build(cfg, pool=pool)
@@ -142,7 +142,7 @@ class RealShapeRunTest(absltest.TestCase):
         self.assertEqual([good.verdict, plain.verdict, wrong.verdict],
                          [sandbox.StdioVerdict.PASSED] * 2 + [sandbox.StdioVerdict.WRONG_ANSWER])
       # The sampler draws only ids the tokenizer has.
-      self.assertEqual(device_lib.vocab_limit(comp), BPE_IDS)
+      self.assertEqual(sampling_lib.vocab_limit(comp), BPE_IDS)
       self.assertEqual((comp.tokenizer.vocab_size, comp.model_config.vocab_size),
                        (BPE_IDS, ROWS))
       heldout = len(comp.tasks.heldout)

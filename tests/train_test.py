@@ -40,6 +40,7 @@ from agentic_grpo.sandbox import execution
 from agentic_grpo.tasks import task as task_lib
 from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import metric_rows
+from agentic_grpo.train import sampling as sampling_lib
 from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
@@ -299,7 +300,7 @@ class TrainTest(parameterized.TestCase):
   def test_sampled_evaluation_uses_eval_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 0.5, "eval.temperature": 0.8,
                                   "rl.num_steps": 0})
-    with mock.patch.object(device_lib, "make_sample_fn", wraps=device_lib.make_sample_fn) as made:
+    with mock.patch.object(sampling_lib, "make_sample_fn", wraps=sampling_lib.make_sample_fn) as made:
       train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
     temperatures = [c.kwargs.get("temperature") for c in made.call_args_list]
     self.assertIn(None, temperatures)  # the agent loop's: rl.temperature
@@ -310,7 +311,7 @@ class TrainTest(parameterized.TestCase):
     # sampler draws each row with the static sampler's key, so the runs sample the same tokens.
     overrides = {"rl.num_steps": 3, "task.eval_size": 4}
     histories, first_stage = {}, {}
-    make_sample_fn = device_lib.make_sample_fn
+    make_sample_fn = sampling_lib.make_sample_fn
 
     def recording(name):
       def make(*args, **kwargs):
@@ -326,7 +327,7 @@ class TrainTest(parameterized.TestCase):
     for name in ("static", "continuous"):
       cfg = _micro(tiny_codegen, **overrides, **{"rl.sampler": name})
       workdir = self.create_tempdir().full_path
-      with mock.patch.object(device_lib, "make_sample_fn", recording(name)):
+      with mock.patch.object(sampling_lib, "make_sample_fn", recording(name)):
         self.assertEqual(train.run(cfg, workdir, pool=self.pool)["step"], 4)
       histories[name] = _history(workdir)
     # The first sampled stage: the same tokens, lengths and (up to rounding) log-probs.
@@ -417,7 +418,7 @@ class TrainTest(parameterized.TestCase):
     self.assertEqual(tokens.shape, (6, cfg.workflow.max_new_tokens))
     joined, positions, segment_mask, _ = sampler_lib.join_prompt_completion(
         prompts, lengths, tokens, out_len)
-    transform = cfg.rl.transform(vocab_limit=device_lib.vocab_limit(comp))
+    transform = cfg.rl.transform(vocab_limit=sampling_lib.vocab_limit(comp))
     lp = np.asarray(transformer.sequence_logprobs(comp.graphdef, params, joined, positions,
                                                   segment_mask, transform))
     t = cfg.workflow.max_new_tokens
@@ -579,7 +580,7 @@ class TrainTest(parameterized.TestCase):
     comp = train.build(cfg, pool=self.pool)
     chunked = learner.make_chunked_update(comp.graphdef, cfg, train.rl_optimizer(cfg),
                                           shardings=comp.shardings,
-                                          vocab_limit=device_lib.vocab_limit(comp))
+                                          vocab_limit=sampling_lib.vocab_limit(comp))
     self.assertEqual(chunked.grad.num_traces, 1)
 
   def test_resume_equals_uninterrupted(self):

@@ -47,6 +47,7 @@ from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import components as components_lib
 from agentic_grpo.train import device as device_lib
 from agentic_grpo.train import evaluation
+from agentic_grpo.train import sampling
 from agentic_grpo.train import session as session_lib
 
 PHASE = "eval_only"
@@ -229,7 +230,7 @@ def _agent(comp: components_lib.Components) -> loop_lib.AgentLoop:
   return loop_lib.AgentLoop(
       workflow_factory=comp.workflow_factory, tokenizer=comp.tokenizer,
       replay=session_lib.make_replay(comp), stream=stream,
-      sample_fn=device_lib.make_sample_fn(comp, cfg.seed),
+      sample_fn=sampling.make_sample_fn(comp, cfg.seed),
       tasks_per_batch=cfg.rl.tasks_per_batch, group_size=cfg.rl.group_size,
       batches_in_flight=1, max_context=cfg.rl.buckets[-1],
       max_new_tokens=cfg.workflow.max_new_tokens, stage_rewards=cfg.workflow.stage_rewards)

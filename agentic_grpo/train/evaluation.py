@@ -20,7 +20,7 @@ from agentic_grpo.agent import loop as loop_lib
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import streams
 from agentic_grpo.train import components as components_lib
-from agentic_grpo.train import device as device_lib
+from agentic_grpo.train import sampling
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -225,7 +225,7 @@ def evaluate(comp: components_lib.Components, agent: loop_lib.AgentLoop, params:
         comp, agent, params, comp.eval_tasks, total, cfg.task.eval_split,
         num_samples=cfg.eval.num_samples, ks=cfg.eval.k, rng_counter=_SAMPLED_RNG,
         workflow_factory=factory,
-        sample_fn=device_lib.make_sample_fn(comp, cfg.seed, temperature=cfg.eval.temperature))
+        sample_fn=sampling.make_sample_fn(comp, cfg.seed, temperature=cfg.eval.temperature))
     out.update({f"eval/pass_at_{k}_sampled": v for k, v in p.items()})
   if sampled:
     out.update(headroom(comp, agent, params, workflow_factory=factory))
