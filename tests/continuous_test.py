@@ -12,6 +12,7 @@ import numpy as np
 from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import continuous
+from agentic_grpo.models import continuous_programs
 from agentic_grpo.models import placement
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
@@ -449,7 +450,7 @@ class ShardedTest(parameterized.TestCase):
     graphdef, params = _model()
     mesh = parallel.make_mesh(shape)
     shardings = sampler.sampler_shardings(_CONFIG, mesh)
-    self.assertEqual(continuous.batch_ways(shardings), 4)
+    self.assertEqual(continuous_programs.batch_ways(shardings), 4)
     placed = placement.device_put_params(params, placement.shard_model(_CONFIG, mesh))
     prompts, lengths = _prompts(seed=10, n=20)
     t = 24  # cache widths 24, 32, 40: the state is widened as slots fill
@@ -472,7 +473,7 @@ class ShardedTest(parameterized.TestCase):
     self.assertEqual(stats.compactions, 1)
     for field in got:
       self.assertTrue(field.sharding.is_equivalent_to(shardings.rows(20), field.ndim))
-    state = continuous.state_shardings(shardings, 8, 32)
+    state = continuous_programs.state_shardings(shardings, 8, 32)
     kv = "tensor"  # 2 kv heads over a tensor axis of 2
     self.assertEqual(state.cache.k[0].spec, P(("data", "fsdp"), kv, None, None))
     self.assertEqual(state.cache.index.spec, P(("data", "fsdp")))
