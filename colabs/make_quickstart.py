@@ -49,7 +49,7 @@ md("""## Train the tiny default
 
 A supervised warm-start on reference episodes, then Agentic GRPO (stage rewards with immediate
 provisional updates, retroactive corrections when the hidden-test reward arrives). The full default
-(`make train`) runs 300 warm-start steps and 60 RL updates; this run is shorter."""),
+(`make train`) runs 300 warm-start steps and 180 RL updates; this run is shorter."""),
 code("""c = tiny_codegen.get_config()
 c.log.progress_bar = False
 c.log.tensorboard = False

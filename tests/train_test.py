@@ -300,7 +300,8 @@ class TrainTest(parameterized.TestCase):
   def test_sampled_evaluation_uses_eval_temperature(self):
     cfg = _micro(tiny_codegen, **{"rl.temperature": 0.5, "eval.temperature": 0.8,
                                   "rl.num_steps": 0})
-    with mock.patch.object(sampling_lib, "make_sample_fn", wraps=sampling_lib.make_sample_fn) as made:
+    with mock.patch.object(sampling_lib, "make_sample_fn",
+                           wraps=sampling_lib.make_sample_fn) as made:
       train.run(cfg, self.create_tempdir().full_path, pool=self.pool)
     temperatures = [c.kwargs.get("temperature") for c in made.call_args_list]
     self.assertIn(None, temperatures)  # the agent loop's: rl.temperature

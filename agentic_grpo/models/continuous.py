@@ -251,7 +251,7 @@ def sample(
     slots: `S`, requests decoded at once; a finished request's slot goes to the next
       waiting one (N may be larger or smaller than S).
     steps_per_call: the most decode steps between two host round trips while no slot
-      finishes (a static size of the `generate` program).
+      finishes (a static size of the `continuous_programs.generate` program).
     refill_batch: while requests wait, decoding returns to the host to refill once this many
       slots are free (or as many as requests wait), so that refills and their prefills come
       in batches; None: `max(1, slots // 16)`. The tokens do not depend on it.
@@ -259,7 +259,8 @@ def sample(
     shardings: run on a mesh (`sampler.sampler_shardings`; see the module docstring):
       `params` must already be placed with `shardings.params`; the decode slots are split
       over the mesh's batch axes, so `slots` must be a multiple of their size
-      (`batch_ways`), and the tail's slot counts are rounded up to one (`min_slots` too).
+      (`continuous_programs.batch_ways`), and the tail's slot counts are rounded up to one
+      (`min_slots` too).
       Single process only: `prompts` are every request. None: one device.
     reuse_prefix: whether a request starts from a saved prefix (`prefix_cache.REUSE_PREFIX`):
       `'never'` prefills every prompt whole (`prefix_keys` unused); `'same_version'` reuses
@@ -380,8 +381,9 @@ def sample_with_stats(
   width = widths[0]
   static = dict(top_k=run_transform.top_k, greedy=bool(greedy),
                 use_top_p=bool(run_transform.uses_top_p), vocab_limit=run_transform.vocab_limit)
-  run = programs_lib.build_programs(graphdef, req.config, shardings, t_max, req.stop_ids.shape[1],
-                  req.stop_seqs.shape[1:], steps_per_call, static)
+  run = programs_lib.build_programs(graphdef, req.config, shardings, t_max,
+                                    req.stop_ids.shape[1], req.stop_seqs.shape[1:],
+                                    steps_per_call, static)
   state = run.init(s, width, jax.random.split(rng, s))
   owner = np.full((s,), -1, np.int64)  # request each slot holds (or held, once done); -1 none
   done = np.ones((s,), bool)  # the host's view: free or finished slots

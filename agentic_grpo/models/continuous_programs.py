@@ -515,7 +515,7 @@ def _sharded_take(shardings, slots, cache_len, k):
 
 
 class Programs(NamedTuple):
-  """The programs of one `sample_with_stats` call, by state shape, and how host values
+  """The programs of one `continuous.sample_with_stats` call, by state shape, and how host values
   reach them: one device (the module's jits, following the arguments' placement), or a mesh
   (`_sharded_*`, every argument placed as the program's in_shardings say)."""
   init: Callable  # (slots, cache_len, keys) -> SlotState

@@ -5,6 +5,8 @@
   workflow factory, mesh, shardings, coordinator); startup checks.
 * `device`: THE door between host and device (`DeviceSide`: sample / update / sft, state);
   numpy in, numpy out.
+* `sampling`: `make_sample_fn` (the agent loop's sampler, static or continuous, that
+  `DeviceSide.sampler` hands out) and `vocab_limit`.
 * `coordination`: the only home of single- vs multi-process code (`Coordinator`).
 * `session`: a run's live objects, checkpoints and the periodic-action predicate.
 * `warmstart`, `rl_phase`: the two phases.
@@ -18,7 +20,6 @@
 from agentic_grpo.train.components import build
 from agentic_grpo.train.components import Components
 from agentic_grpo.train.components import StartupCheckError
-from agentic_grpo.train.sampling import make_sample_fn
 from agentic_grpo.train.device import NonFiniteUpdatesError
 from agentic_grpo.train.device import rl_optimizer
 from agentic_grpo.train.evaluation import evaluate
@@ -29,6 +30,7 @@ from agentic_grpo.train.metrics import MetricsWriter
 from agentic_grpo.train.metrics import plot_learning_curve
 from agentic_grpo.train.preemption import Preempted
 from agentic_grpo.train.run import run
+from agentic_grpo.train.sampling import make_sample_fn
 from agentic_grpo.train.warmstart import sft_batch
 
 __all__ = ["build", "Components", "evaluate", "make_sample_fn", "MetricsWriter",

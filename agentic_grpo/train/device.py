@@ -1,6 +1,7 @@
 """THE door between host and device: `DeviceSide` (update, sft, sample, state) and the model.
 
-Everything the run does on the accelerator goes through this module: building the model
+Everything the run does on the accelerator goes through this module (the sampler's programs
+through `train.sampling`, which `DeviceSide.sampler` and evaluation call): building the model
 structure and its shardings (`build_model`), the learner state (fresh, restored, handed over
 from the warm-start to the RL phase, written to checkpoints), the jitted update and warm-start
 steps, and the sampler (`train.sampling`). Host code passes NumPy in (`core.types.UpdateBatch`,
@@ -213,7 +214,7 @@ class DeviceSide:
   def sampler(self, seed: int, temperature: Optional[float] = None):
     """`sampling.make_sample_fn` under this run's transfer guard."""
     return sampling.make_sample_fn(self._comp, seed, temperature=temperature,
-                          transfer_guard=self._transfer_guard)
+                                   transfer_guard=self._transfer_guard)
 
   def restore(self, ckpt: checkpointer.Checkpointer) -> tuple[dict, dict]:
     """Loads the latest intact checkpoint into the device state; returns its `(host, meta)`.
