@@ -438,5 +438,88 @@ class LoopTest(parameterized.TestCase):
     self.assertIn("reward/final", metrics)
 
 
+  def test_run_episodes_equals_chunk_by_chunk(self):
+    # Three chunks (the last padded), two in flight: the same results and sampling keys as
+    # running each chunk's stages one after the other with key `-1 - (c * S + k)`.
+    sampler = ScriptedSampler()
+    sampler.right = lambda i: i % 3 == 0
+    agent, _, _ = self._loop(sampler, in_flight=1)
+    n, s = agent.num_rows, agent.num_stages
+    tasks = [TASKS.task("train", i % 5) for i in range(2 * n + 3)]
+    keys = []
+
+    def keyed(params, prompts, lengths, rng_counter, greedy):
+      keys.append(rng_counter)
+      return sampler(params, prompts, lengths, rng_counter, greedy)
+
+    finals, stage_r = agent.run_episodes(None, tasks, greedy=False, sample_fn=keyed)
+    self.assertCountEqual(keys, [-1 - i for i in range(3 * s)])
+    want_final = np.zeros(len(tasks), np.float32)
+    want_stage = {}
+    for c, start in enumerate(range(0, len(tasks), n)):
+      chunk = tasks[start:start + n]
+      real = len(chunk)
+      chunk += [chunk[-1]] * (n - real)
+      wf = agent._workflow_factory()
+      episodes = wf.start(chunk)
+      contexts = [[] for _ in range(n)]
+      for k, name in enumerate(wf.stage_names):
+        contexts = [c + TOK.encode(o) for c, o in zip(contexts, wf.open_stage(episodes))]
+        prompts = np.zeros((n, max(map(len, contexts))), np.int32)
+        for i, ctx in enumerate(contexts):
+          prompts[i, :len(ctx)] = ctx
+        out, out_len, _ = sampler(None, prompts, np.array(list(map(len, contexts))),
+                                  -1 - (c * s + k), False)
+        gen = [out[i, :out_len[i]].tolist() for i in range(n)]
+        result = wf.close_stage(episodes, [TOK.decode(g) for g in gen])
+        contexts = [ctx + g for ctx, g in zip(contexts, gen)]
+        want_stage.setdefault(name, np.zeros(len(tasks), np.float32))[start:start + real] = (
+            result.rewards[:real])
+      want_final[start:start + real] = wf.finish(episodes).rewards[:real]
+    np.testing.assert_array_equal(finals[:, 0], want_final)
+    self.assertEqual(list(stage_r), list(want_stage))
+    for name, r in want_stage.items():
+      np.testing.assert_array_equal(stage_r[name][:, 0], r)
+    self.assertGreater(want_final.sum(), 0)  # some episodes pass, some do not
+    self.assertLess(want_final.sum(), len(tasks))
+
+  def test_run_episodes_scores_one_chunk_while_sampling_the_other(self):
+    # The first chunk's first scoring waits until the second chunk's first stage is sampled:
+    # one chunk after the other would wait out the gate's timeout.
+    sampled_second = threading.Event()
+    waited = []
+
+    class Gated(workflow_lib.Workflow):
+
+      def close_stage(self, episodes, outputs):
+        if not waited:
+          waited.append(sampled_second.wait(20.0))
+        return super().close_stage(episodes, outputs)
+
+    sampler = ScriptedSampler()
+    agent, _, _ = self._loop(sampler, workflow_cls=Gated, in_flight=1)
+    n, s = agent.num_rows, agent.num_stages
+
+    def watched(params, prompts, lengths, rng_counter, greedy):
+      if rng_counter == -1 - s:  # the second chunk's first stage
+        sampled_second.set()
+      return sampler(params, prompts, lengths, rng_counter, greedy)
+
+    tasks = [TASKS.task("train", i % 5) for i in range(2 * n)]
+    finals, _ = agent.run_episodes(None, tasks, greedy=True, sample_fn=watched)
+    self.assertEqual(waited, [True])
+    self.assertEqual(finals.shape, (2 * n, 1))
+
+  def test_run_episodes_raises_a_chunks_failure(self):
+    class Broken(workflow_lib.Workflow):
+
+      def finish(self, episodes):
+        raise RuntimeError("judge unreachable")
+
+    agent, _, _ = self._loop(ScriptedSampler(), workflow_cls=Broken, in_flight=1)
+    tasks = [TASKS.task("train", i % 5) for i in range(3 * agent.num_rows)]
+    with self.assertRaisesRegex(RuntimeError, "judge unreachable"):
+      agent.run_episodes(None, tasks, greedy=True)
+
 if __name__ == "__main__":
   absltest.main()

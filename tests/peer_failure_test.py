@@ -47,9 +47,11 @@ _OVERRIDES = (
     "--config.checkpoint.max_to_keep=10",
     "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=1",
 )
-# Our message, or JAX's when its heartbeat check ends the process first (outside a collective).
+# Our message (process 1 not at the collective, or stopped inside it: its heartbeat stopped),
+# or JAX's when its heartbeat check ends the process first (outside a collective).
 _NAMES_PROCESS_1 = re.compile(
     r"Not at this collective \(stuck or dead\): process 1 |"
+    r"stopped in it \(no heartbeat for [0-9.]+ s: dead or stuck\): process 1\b|"
     r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b")
 
 

@@ -491,39 +491,72 @@ class AgentLoop:
                    workflow_factory: Optional[Callable[[], workflow_lib.Workflow]] = None,
                    sample_fn: Optional[SampleFn] = None
                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Runs whole episodes synchronously (evaluation; nothing goes to the replay).
+    """Runs whole episodes (evaluation; nothing goes to the replay).
 
-    Tasks are repeated `repeats` times and padded to multiples of N rows (the sampler's fixed
-    batch), so no new shapes are compiled. Sampling keys come from `rng_counter`,
-    `rng_counter - 1`, ... (negative by default: disjoint from the training stream).
+    Tasks are repeated `repeats` times and cut into chunks of N rows (the sampler's fixed batch;
+    the last chunk padded with its last task), so no new shapes are compiled. Chunk `c`'s stage
+    `k` is sampled with key `rng_counter - (c * S + k)` (S stages; negative by default:
+    disjoint from the training stream). Two chunks are in flight: while one chunk's stage is
+    scored in the sandbox (a background job, with the next stage's opening or, after the last
+    stage, the final judgement: a slow judge's wait too), the other's next stage is sampled.
+    The sampler calls come in a fixed order whatever the sandbox's timing (processes stay in
+    lock-step), and every result is that of running the chunks one after the other: each
+    chunk has its own workflow and its own keys.
     `workflow_factory` and `sample_fn` default to the loop's own.
 
     Returns:
       `final [len(tasks), repeats]` final rewards and per-stage rewards
       `{stage_name: [len(tasks), repeats]}`.
+
+    Raises:
+      Whatever a chunk's workflow or sandbox job raised (the other chunk's job is waited for
+      first).
     """
     items = [t for t in tasks for _ in range(repeats)]
     n = self.num_rows
+    factory = workflow_factory or self._workflow_factory
     finals = np.zeros(len(items), np.float32)
     stage_r: dict[str, np.ndarray] = {}
-    for start in range(0, len(items), n):
+
+    def begin(start: int) -> dict[str, Any]:
       chunk = items[start:start + n]
       real = len(chunk)
       chunk = chunk + [chunk[-1]] * (n - real)
-      wf = (workflow_factory or self._workflow_factory)()
-      episodes = wf.start(chunk)
-      contexts = [[] for _ in range(n)]
-      for k, name in enumerate(wf.stage_names):
-        openings = wf.open_stage(episodes)
-        contexts = [c + list(self.tokenizer.encode(o)) for c, o in zip(contexts, openings)]
-        gen, _, _ = self.sample_contexts(params, contexts, greedy=greedy,
-                                         rng_counter=rng_counter, sample_fn=sample_fn)
-        rng_counter -= 1
-        result = wf.close_stage(episodes, [self.tokenizer.decode(g.tolist()) for g in gen])
-        contexts = [c + g.tolist() for c, g in zip(contexts, gen)]
-        stage_r.setdefault(name, np.zeros(len(items), np.float32))[start:start + real] = (
-            result.rewards[:real])
-      finals[start:start + real] = wf.finish(episodes).rewards[:real]
+      wf = factory()
+      return {"start": start, "real": real, "wf": wf, "stage": 0,
+              "job": jobs.submit(_open_job, wf, chunk), "contexts": [[] for _ in range(n)]}
+
+    # Two chunks in flight, each with a thread for its sandbox work; leaving the block waits
+    # for both (also when a job or the sampler raised).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2,
+                                               thread_name_prefix="agent-eval") as jobs:
+      active: collections.deque = collections.deque()
+      pending = collections.deque(range(0, len(items), n))
+      while pending and len(active) < 2:
+        active.append(begin(pending.popleft()))
+      while active:
+        st = active.popleft()
+        start, real, wf, k = st["start"], st["real"], st["wf"], st["stage"]
+        result, episodes, follow = st["job"].result()
+        if k > 0:  # `result` scored stage k - 1
+          name = wf.stage_names[k - 1]
+          stage_r.setdefault(name, np.zeros(len(items), np.float32))[start:start + real] = (
+              result.rewards[:real])
+        if k == wf.num_stages:  # `follow` is the final judgement
+          finals[start:start + real] = follow.rewards[:real]
+          if pending:
+            active.append(begin(pending.popleft()))
+          continue
+        contexts = [c + list(self.tokenizer.encode(o)) for c, o in zip(st["contexts"], follow)]
+        gen, _, _ = self.sample_contexts(
+            params, contexts, greedy=greedy,
+            rng_counter=rng_counter - ((start // n) * wf.num_stages + k), sample_fn=sample_fn)
+        st["contexts"] = [c + g.tolist() for c, g in zip(contexts, gen)]
+        st["job"] = jobs.submit(_eval_stage_job, wf, episodes,
+                                [self.tokenizer.decode(g.tolist()) for g in gen],
+                                k == wf.num_stages - 1)
+        st["stage"] = k + 1
+        active.append(st)
     shape = (len(tasks), repeats)
     return finals.reshape(shape), {k: v.reshape(shape) for k, v in stage_r.items()}
 
@@ -617,6 +650,25 @@ def _env_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool
   result = wf.close_stage(episodes, outputs)
   follow = None if last else wf.open_stage(episodes)
   return result, follow, wf.pop_error_counts(), wf.pool.pop_counts(), time.monotonic()
+
+
+def _open_job(wf: workflow_lib.Workflow, chunk: Sequence[task_lib.Task]):
+  """Background evaluation work: start a chunk's episodes and open their first stage.
+
+  Returns `(None, episodes, openings)` (`run_episodes`' jobs' shape).
+  """
+  episodes = wf.start(chunk)
+  return None, episodes, wf.open_stage(episodes)
+
+
+def _eval_stage_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool):
+  """Background evaluation work: close a stage, then open the next one, or after the last
+  stage judge the episodes.
+
+  Returns `(StageResult, episodes, openings or FinalResult)`.
+  """
+  result = wf.close_stage(episodes, outputs)
+  return result, episodes, wf.finish(episodes) if last else wf.open_stage(episodes)
 
 
 def _final_job(wf: workflow_lib.Workflow, episodes,

@@ -18,7 +18,10 @@ the others waiting in their next collective. With a collective timeout
   under `peer_watchdog`: when it has not returned after the timeout, or when
   it raises (a dead peer's connection resets), the process logs which peers
   have not reached that collective (each process records in the coordination
-  service how many host collectives it has entered) and ends at once with status
+  service how many host collectives it has entered), or, when every peer has
+  reached it, which peers stopped inside it (each process also writes a
+  heartbeat there every `_HEARTBEAT_S`, from a thread of its own, so a peer that
+  died or hangs inside the collective stops beating), and ends at once with status
   `EXIT_PEER_FAILURE` (`os._exit`: neither Python's nor JAX's exit handlers
   run, so the exit cannot wait for the failed peer). Checkpoints are written
   synchronously between collectives, so the last finished one restores.
@@ -36,12 +39,14 @@ than the slowest legitimate gap between two processes reaching the same
 collective (compilation, a long sandbox batch, evaluation) ends a healthy run.
 """
 
+import atexit
 import contextlib
 import inspect
 import json
 import os
 import sys
 import threading
+import time
 from typing import Any, Iterator, Optional, Union
 
 from absl import logging
@@ -65,12 +70,20 @@ EXIT_PEER_FAILURE = 76  # agentic_grpo.exit_codes.PEER_FAILURE
 # Coordination-service keys holding how many host collectives each process has entered.
 _PROGRESS_KEY = "agentic_grpo/collectives_entered/"
 _DIAGNOSE_S = 10.0  # at most this long asking the coordination service who failed
+# Coordination-service keys holding each process's heartbeat: a count its heartbeat thread
+# raises every `_HEARTBEAT_S` seconds; one that has not risen over `_HEARTBEAT_WAIT_S` is a
+# process that died or stopped (a stopped VM, a hang that holds the GIL).
+_HEARTBEAT_KEY = "agentic_grpo/heartbeat/"
+_HEARTBEAT_S = 1.0
+_HEARTBEAT_WAIT_S = 3.5
 
 
 class _Watch:
-  """The collective timeout (seconds; 0: off) and this process's count of host collectives."""
+  """The collective timeout (seconds; 0: off), this process's count of host collectives and
+  its heartbeat thread's stop event (None: not beating)."""
   timeout_s: float = 0.0
   entered: int = 0
+  heartbeat_stop: Optional[threading.Event] = None
 
 
 _WATCH = _Watch()
@@ -174,7 +187,60 @@ def initialize_distributed(
   logging.info("process %d of %d, %d local / %d global devices; collective timeout %s",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count(), f"{_WATCH.timeout_s:g} s" if _WATCH.timeout_s else "off")
+  if _WATCH.timeout_s and jax.process_count() > 1:
+    start_heartbeat()
   return True
+
+
+def start_heartbeat(client=None, interval_s: float = _HEARTBEAT_S) -> threading.Event:
+  """Starts this process's heartbeat (module docstring): a daemon thread that raises the count
+  under `_HEARTBEAT_KEY<process index>` in the coordination service every `interval_s`
+  seconds, so that a peer's `peer_watchdog` report can tell a process that stopped inside a
+  collective from one that is only slow. Started by `initialize_distributed` with a collective
+  timeout; stopped at interpreter exit, before JAX's own shutdown (its exit handler was
+  registered first, so it runs after this one).
+
+  Args:
+    client: the coordination-service client (default: JAX's); None there: nothing starts.
+    interval_s: seconds between beats (> 0).
+
+  Returns:
+    The event that stops the thread (already set when nothing started).
+
+  Raises:
+    ValueError: `interval_s` not positive.
+  """
+  if not interval_s > 0:
+    raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+  client = client if client is not None else _coordination_client()
+  stop = threading.Event()
+  if client is None:
+    stop.set()
+    return stop
+  if _WATCH.heartbeat_stop is not None:
+    _WATCH.heartbeat_stop.set()
+  key = f"{_HEARTBEAT_KEY}{jax.process_index()}"
+
+  def beat():
+    count = 0
+    while not stop.is_set():
+      count += 1
+      try:
+        client.key_value_set(key, str(count), allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except
+        return  # the service is gone (process 0 died or shut down): nothing left to tell
+      stop.wait(interval_s)
+
+  thread = threading.Thread(target=beat, name="peer-heartbeat", daemon=True)
+  thread.start()
+  _WATCH.heartbeat_stop = stop
+
+  def end():
+    stop.set()
+    thread.join(2 * interval_s)
+
+  atexit.register(end)
+  return stop
 
 
 def _coordination_client():
@@ -224,33 +290,61 @@ def peer_watchdog(what: str) -> Iterator[None]:
     done.set()
 
 
-def _peer_report(number: int) -> str:
-  """Which peers have not entered host collective `number` (stuck or dead), from the
-  coordination service's key-value store; bounded by `_DIAGNOSE_S` (the service may have died
-  with process 0). Its list of live processes is not asked: that call waits for every live
-  process, a stuck one included."""
-  client = _coordination_client()
+def _peer_report(number: int, client=None, wait_s: float = _HEARTBEAT_WAIT_S) -> str:
+  """Which peers failed host collective `number`, from the coordination service's key-value
+  store: those that have not entered it (stuck or dead), else those that entered it and then
+  stopped (their heartbeat, `start_heartbeat`, did not rise over `wait_s` seconds). Bounded
+  by `_DIAGNOSE_S + wait_s` (the service may have died with process 0). Its list of live
+  processes is not asked: that call waits for every live process, a stuck one included.
+
+  Args:
+    number: the collective's number (this process's count of host collectives entered).
+    client: the coordination-service client (default: JAX's).
+    wait_s: seconds between the two reads of the heartbeats.
+
+  Returns:
+    One or two sentences for the failure message.
+  """
+  client = client if client is not None else _coordination_client()
   if client is None:
     return "No coordination service to ask which peer failed."
   me, count = jax.process_index(), jax.process_count()
   answer = {}
 
+  def read(prefix: str) -> dict[int, int]:
+    return {int(k.rsplit("/", 1)[-1]): int(v) for k, v in client.key_value_dir_get(prefix)}
+
   def ask():
-    answer["entered"] = {int(k.rsplit("/", 1)[-1]): int(v)
-                         for k, v in client.key_value_dir_get(_PROGRESS_KEY)}
+    answer["entered"] = read(_PROGRESS_KEY)
+    beats = read(_HEARTBEAT_KEY)
+    time.sleep(wait_s)
+    answer["beats"] = (beats, read(_HEARTBEAT_KEY))
 
   asker = threading.Thread(target=ask, name="peer-report", daemon=True)
   asker.start()
-  asker.join(_DIAGNOSE_S)
+  asker.join(_DIAGNOSE_S + wait_s)
   if "entered" not in answer:
     return ("The coordination service (process 0) does not answer: process 0 is likely dead "
             "or stuck.")
-  behind = {q: answer["entered"].get(q, 0) for q in range(count)
-            if q != me and answer["entered"].get(q, 0) < number}
-  if not behind:
-    return "Every peer has entered this collective; see their logs for the failure."
-  return "Not at this collective (stuck or dead): " + ", ".join(
-      f"process {q} (entered {n} host collectives)" for q, n in sorted(behind.items())) + "."
+  entered = answer["entered"]
+  behind = {q: entered.get(q, 0) for q in range(count) if q != me and entered.get(q, 0) < number}
+  if behind:
+    return "Not at this collective (stuck or dead): " + ", ".join(
+        f"process {q} (entered {n} host collectives)" for q, n in sorted(behind.items())) + "."
+  if "beats" not in answer:
+    return ("Every peer has entered this collective, and the coordination service stopped "
+            "answering: process 0 is likely dead or stuck.")
+  before, after = answer["beats"]
+  # A peer with a heartbeat that did not rise stopped; one that never beat has no thread to
+  # judge it by (a run started without a collective timeout on that process).
+  stopped = [q for q in range(count) if q != me and q in before
+             and after.get(q, 0) <= before[q]]
+  if stopped:
+    return (f"Every peer has entered this collective; stopped in it (no heartbeat for "
+            f"{wait_s:g} s: dead or stuck): " + ", ".join(f"process {q}" for q in stopped)
+            + ".")
+  return ("Every peer has entered this collective and is alive (its heartbeat rises); see "
+          "their logs for the failure.")
 
 
 def _end_for_peer_failure(reason: str, number: int) -> None:

@@ -7,6 +7,7 @@ process's numbers, the headline numbers of a finished run) are `train/metric_row
 """
 
 
+import collections
 import hashlib
 import html
 import io
@@ -26,6 +27,8 @@ from agentic_grpo import parallel
 
 # Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
 _TAG = re.compile(r"[-\w./]+")
+# RL rows averaged into the progress bar's training pass rate (`Metrics.postfix`).
+_TRAIN_PASS_ROWS = 10
 
 
 class WandbWriter:
@@ -102,6 +105,13 @@ class MetricsWriter:
           if row.get("step", 0) <= resume_step:
             self.history.append(row)
     self._file = self._tb = self._bar = self._wandb = None
+    self.pass1 = next((r["eval/pass_at_1"] for r in reversed(self.history)
+                       if "eval/pass_at_1" in r), None)
+    # The training stream's pass rate over the last RL rows (the bar's `train`), so that the
+    # bar moves between evaluations.
+    self.train_pass: collections.deque = collections.deque(
+        (r["train/pass_rate"] for r in self.history if "train/pass_rate" in r),
+        maxlen=_TRAIN_PASS_ROWS)
     if not self.primary:
       return
     self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
@@ -115,8 +125,6 @@ class MetricsWriter:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total_steps, initial=resume_step, unit="step",
                             dynamic_ncols=True, desc="train")
-    self.pass1 = next((r["eval/pass_at_1"] for r in reversed(self.history)
-                       if "eval/pass_at_1" in r), None)
     self.transcripts_path = epath.Path(workdir) / "transcripts.jsonl"
     if self.transcripts_path.exists():  # as metrics.jsonl: none past the restored step
       kept = [line for line in self.transcripts_path.read_text().splitlines()
@@ -161,6 +169,8 @@ class MetricsWriter:
     logging.vlog(1, "metrics %s", json.dumps(row))
     if "eval/pass_at_1" in row:
       self.pass1 = row["eval/pass_at_1"]
+    if "train/pass_rate" in row:
+      self.train_pass.append(float(row["train/pass_rate"]))
     if not self.primary:
       return
     if self._file is None:
@@ -176,16 +186,26 @@ class MetricsWriter:
       self._wandb.log(row)
 
   def progress(self, step: int, phase: str, loss: Optional[float] = None) -> None:
+    """Moves the progress bar to global step `step` and sets its fields (`postfix`)."""
     if self._bar is None:
       return
     self._bar.n = step
+    self._bar.set_postfix(self.postfix(phase, loss), refresh=False)
+    self._bar.refresh()
+
+  def postfix(self, phase: str, loss: Optional[float] = None) -> dict[str, str]:
+    """The progress bar's fields: `phase`, the warm-start's `loss`, `pass@1` (the last
+    held-out evaluation's greedy pass@1) and, in the RL phase, `train` (the training stream's
+    pass rate, `train/pass_rate`, averaged over the last `_TRAIN_PASS_ROWS` rows: sampled
+    episodes, so below greedy pass@1 at a high temperature)."""
     post = {"phase": phase}
     if loss is not None:
       post["loss"] = f"{loss:.3f}"
     if self.pass1 is not None:
       post["pass@1"] = f"{self.pass1:.3f}"
-    self._bar.set_postfix(post, refresh=False)
-    self._bar.refresh()
+    if phase == "rl" and self.train_pass:
+      post["train"] = f"{sum(self.train_pass) / len(self.train_pass):.3f}"
+    return post
 
   def close(self) -> None:
     if self._file is not None:
