@@ -3,6 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+UV := $(VENV)/bin/uv
+# Installs into the venv with uv (installed into it by pip: a fresh install takes seconds, not
+# half a minute), or with pip where uv cannot (no wheel for the platform, an index that only
+# pip's own configuration reaches: uv does not read pip.conf).
+INSTALL = if $(UV) pip install -q --python $(PY) $(1); then :; else \
+	echo "uv could not install; installing with pip" >&2; $(PIP) install -q $(1); fi
 ARGS ?=
 # Test processes (pytest-xdist); each test file runs whole in one of them.
 TEST_WORKERS ?= 2
@@ -12,13 +18,14 @@ TEST_WORKERS ?= 2
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) install -q uv || echo "no uv for this platform; installing with pip" >&2
 
 $(VENV)/.installed: $(PY) setup.py
-	$(PIP) install -q -e .
+	$(call INSTALL,-e .)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed setup.py
-	$(PIP) install -q -e '.[test]'
+	$(call INSTALL,-e '.[test]')
 	touch $@
 
 install: $(VENV)/.installed
