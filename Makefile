@@ -5,10 +5,13 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 UV := $(VENV)/bin/uv
 # Installs into the venv with uv (installed into it by pip: a fresh install takes seconds, not
-# half a minute), or with pip where uv cannot (no wheel for the platform, an index that only
-# pip's own configuration reaches: uv does not read pip.conf).
-INSTALL = if $(UV) pip install -q --python $(PY) $(1); then :; else \
-	echo "uv could not install; installing with pip" >&2; $(PIP) install -q $(1); fi
+# half a minute), or with pip where uv cannot (no uv wheel for the platform, or an index that
+# only pip's own configuration names: uv does not read pip.conf, but it is given
+# PIP_INDEX_URL / PIP_EXTRA_INDEX_URL from the environment).
+UV_ENV = $(if $(PIP_INDEX_URL),UV_DEFAULT_INDEX='$(PIP_INDEX_URL)') \
+	$(if $(PIP_EXTRA_INDEX_URL),UV_INDEX='$(PIP_EXTRA_INDEX_URL)')
+INSTALL = if [ -x $(UV) ] && $(UV_ENV) $(UV) pip install -q --python $(PY) $(1); then :; \
+	else echo "installing with pip" >&2; $(PIP) install -q $(1); fi
 ARGS ?=
 # Test processes (pytest-xdist); each test file runs whole in one of them.
 TEST_WORKERS ?= 2

@@ -439,21 +439,26 @@ class LoopTest(parameterized.TestCase):
 
 
   def test_run_episodes_equals_chunk_by_chunk(self):
-    # Three chunks (the last padded), two in flight: the same results and sampling keys as
-    # running each chunk's stages one after the other with key `-1 - (c * S + k)`.
+    # Three chunks (the last padded), two in flight: the same prompts per sampling key and the
+    # same results as running each chunk's stages one after the other with key
+    # `-1 - (c * S + k)`, the calls in a fixed order (the first two chunks' stages in turn,
+    # then the third's).
     sampler = ScriptedSampler()
     sampler.right = lambda i: i % 3 == 0
     agent, _, _ = self._loop(sampler, in_flight=1)
     n, s = agent.num_rows, agent.num_stages
     tasks = [TASKS.task("train", i % 5) for i in range(2 * n + 3)]
-    keys = []
+    calls = []
 
     def keyed(params, prompts, lengths, rng_counter, greedy):
-      keys.append(rng_counter)
+      calls.append((rng_counter, prompts.copy(), lengths.copy()))
       return sampler(params, prompts, lengths, rng_counter, greedy)
 
     finals, stage_r = agent.run_episodes(None, tasks, greedy=False, sample_fn=keyed)
-    self.assertCountEqual(keys, [-1 - i for i in range(3 * s)])
+    key = lambda c, k: -1 - (c * s + k)
+    order = [key(c, k) for k in range(s) for c in (0, 1)] + [key(2, k) for k in range(s)]
+    self.assertEqual([c[0] for c in calls], order)
+    seen = {c[0]: c[1:] for c in calls}
     want_final = np.zeros(len(tasks), np.float32)
     want_stage = {}
     for c, start in enumerate(range(0, len(tasks), n)):
@@ -464,15 +469,18 @@ class LoopTest(parameterized.TestCase):
       episodes = wf.start(chunk)
       contexts = [[] for _ in range(n)]
       for k, name in enumerate(wf.stage_names):
-        contexts = [c + TOK.encode(o) for c, o in zip(contexts, wf.open_stage(episodes))]
+        openings = wf.open_stage(episodes)
+        contexts = [c + TOK.encode(o) for c, o in zip(contexts, openings, strict=True)]
         prompts = np.zeros((n, max(map(len, contexts))), np.int32)
         for i, ctx in enumerate(contexts):
           prompts[i, :len(ctx)] = ctx
-        out, out_len, _ = sampler(None, prompts, np.array(list(map(len, contexts))),
-                                  -1 - (c * s + k), False)
+        lengths = np.array(list(map(len, contexts)), np.int32)
+        np.testing.assert_array_equal(seen[key(c, k)][0], prompts)
+        np.testing.assert_array_equal(seen[key(c, k)][1], lengths)
+        out, out_len, _ = sampler(None, prompts, lengths, key(c, k), False)
         gen = [out[i, :out_len[i]].tolist() for i in range(n)]
         result = wf.close_stage(episodes, [TOK.decode(g) for g in gen])
-        contexts = [ctx + g for ctx, g in zip(contexts, gen)]
+        contexts = [ctx + g for ctx, g in zip(contexts, gen, strict=True)]
         want_stage.setdefault(name, np.zeros(len(tasks), np.float32))[start:start + real] = (
             result.rewards[:real])
       want_final[start:start + real] = wf.finish(episodes).rewards[:real]
@@ -487,13 +495,18 @@ class LoopTest(parameterized.TestCase):
     # The first chunk's first scoring waits until the second chunk's first stage is sampled:
     # one chunk after the other would wait out the gate's timeout.
     sampled_second = threading.Event()
+    gate = threading.Lock()
     waited = []
 
     class Gated(workflow_lib.Workflow):
 
       def close_stage(self, episodes, outputs):
-        if not waited:
-          waited.append(sampled_second.wait(20.0))
+        with gate:  # only the first call of all waits
+          first = not waited
+          if first:
+            waited.append(None)
+        if first:
+          waited[0] = sampled_second.wait(20.0)
         return super().close_stage(episodes, outputs)
 
     sampler = ScriptedSampler()

@@ -85,6 +85,27 @@ class PeerReportTest(absltest.TestCase):
     self.assertIn("is alive", report)
     self.assertNotIn("process 1", report)
 
+  def test_peer_that_ended_itself_is_not_blamed(self):
+    # With more processes, a peer that ended itself for this failure stops beating too.
+    service = self._service({0: 7, 1: 7}, {0: 40, 1: 38}, beating=(0,))
+    service.store[f"{collectives._EXITED_KEY}1"] = "1"
+    report = collectives._peer_report(7, client=service, wait_s=0.01)
+    self.assertNotIn("stopped in it", report)
+    self.assertIn("ended itself", report)
+
+  def test_a_peer_behind_is_named_without_waiting_for_heartbeats(self):
+    service = self._service({0: 7, 1: 6}, {0: 3, 1: 3}, beating=(0, 1))
+    t0 = time.monotonic()
+    report = collectives._peer_report(7, client=service, wait_s=30.0)
+    self.assertLess(time.monotonic() - t0, 10.0)
+    self.assertIn("process 1 (entered 6", report)
+
+  def test_mark_exited_writes_its_key(self):
+    service = FakeService()
+    collectives._mark_exited(service)
+    self.assertEqual(service.store, {f"{collectives._EXITED_KEY}0": "1"})
+    collectives._mark_exited(mock.Mock(**{"key_value_set.side_effect": RuntimeError("gone")}))
+
   def test_peer_without_heartbeat_is_not_judged_by_it(self):
     service = self._service({0: 7, 1: 7}, {0: 40}, beating=(0,))
     report = collectives._peer_report(7, client=service, wait_s=0.01)
@@ -119,35 +140,68 @@ class HeartbeatTest(absltest.TestCase):
 
   def test_beats_rise_until_stopped(self):
     service = FakeService()
-    stop = collectives.start_heartbeat(service, interval_s=0.01)
+    stop, thread = collectives.start_heartbeat(service, interval_s=0.01)
     deadline = time.monotonic() + 10
     while self._beat(service) < 3 and time.monotonic() < deadline:
       time.sleep(0.01)
     self.assertGreaterEqual(self._beat(service), 3)
     stop.set()
-    time.sleep(0.05)
+    thread.join(5.0)
+    self.assertFalse(thread.is_alive())
     stopped_at = self._beat(service)
-    time.sleep(0.1)
+    time.sleep(0.05)
     self.assertEqual(self._beat(service), stopped_at)
 
   def test_a_new_heartbeat_stops_the_previous_one(self):
-    first = collectives.start_heartbeat(FakeService(), interval_s=0.01)
-    second = collectives.start_heartbeat(FakeService(), interval_s=0.01)
+    first, first_thread = collectives.start_heartbeat(FakeService(), interval_s=0.01)
+    second, second_thread = collectives.start_heartbeat(FakeService(), interval_s=0.01)
+    first_thread.join(5.0)
     self.assertTrue(first.is_set())
+    self.assertFalse(first_thread.is_alive())
     self.assertFalse(second.is_set())
     second.set()
+    second_thread.join(5.0)
 
-  def test_service_failure_ends_the_thread_quietly(self):
-    service = mock.Mock()
-    service.key_value_set.side_effect = RuntimeError("connection reset")
-    collectives.start_heartbeat(service, interval_s=0.01)
-    time.sleep(0.1)
-    # One try, then the thread ended: no retries against a dead service.
-    self.assertEqual(service.key_value_set.call_count, 1)
+  def test_failed_writes_are_retried(self):
+    # A live process whose write failed once must go on beating, or a peer's report would
+    # name it as stopped.
+    service = FakeService()
+    real_set = service.key_value_set
+    failures = [RuntimeError("connection reset")] * 2
+
+    def flaky(key, value, allow_overwrite=False):
+      if failures:
+        raise failures.pop()
+      real_set(key, value, allow_overwrite)
+
+    service.key_value_set = flaky
+    with mock.patch.object(collectives, "_HEARTBEAT_BACKOFF_S", 0.02):
+      stop, thread = collectives.start_heartbeat(service, interval_s=0.01)
+      deadline = time.monotonic() + 10
+      while self._beat(service) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+      stop.set()
+      thread.join(5.0)
+    self.assertEqual(failures, [])
+    self.assertGreaterEqual(self._beat(service), 2)
+
+  def test_stops_when_jax_shuts_its_client_down(self):
+    service = FakeService()
+    with mock.patch.object(collectives, "_coordination_client", return_value=service):
+      stop, thread = collectives.start_heartbeat(interval_s=0.01)
+      deadline = time.monotonic() + 10
+      while self._beat(service) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Unpatched: JAX has no client now (no jax.distributed here), as after its shutdown.
+    thread.join(5.0)
+    self.assertFalse(thread.is_alive())
+    self.assertFalse(stop.is_set())
 
   def test_no_client_starts_nothing(self):
     with mock.patch.object(collectives, "_coordination_client", return_value=None):
-      self.assertTrue(collectives.start_heartbeat().is_set())
+      stop, thread = collectives.start_heartbeat()
+    self.assertTrue(stop.is_set())
+    self.assertIsNone(thread)
 
   def test_bad_interval(self):
     with self.assertRaisesRegex(ValueError, "interval_s must be > 0, got 0"):

@@ -499,9 +499,12 @@ class AgentLoop:
     disjoint from the training stream). Two chunks are in flight: while one chunk's stage is
     scored in the sandbox (a background job, with the next stage's opening or, after the last
     stage, the final judgement: a slow judge's wait too), the other's next stage is sampled.
-    The sampler calls come in a fixed order whatever the sandbox's timing (processes stay in
-    lock-step), and every result is that of running the chunks one after the other: each
-    chunk has its own workflow and its own keys.
+    A chunk that finishes hands its place to the next one, first in line, so that its first
+    stage is sampled while the other chunk is judged. The sampler calls come in a fixed order
+    whatever the sandbox's timing (processes stay in lock-step), and every result is that of
+    running the chunks one after the other (each chunk has its own workflow and its own keys),
+    as long as the sandbox's verdicts do not depend on timing: its programs now share the
+    cores with the sampler, so one near its wall-clock limit could time out under the load.
     `workflow_factory` and `sample_fn` default to the loop's own.
 
     Returns:
@@ -544,8 +547,8 @@ class AgentLoop:
               result.rewards[:real])
         if k == wf.num_stages:  # `follow` is the final judgement
           finals[start:start + real] = follow.rewards[:real]
-          if pending:
-            active.append(begin(pending.popleft()))
+          if pending:  # first in line: sampled while the other chunk is judged
+            active.appendleft(begin(pending.popleft()))
           continue
         contexts = [c + list(self.tokenizer.encode(o)) for c, o in zip(st["contexts"], follow)]
         gen, _, _ = self.sample_contexts(
@@ -653,12 +656,13 @@ def _env_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool
 
 
 def _open_job(wf: workflow_lib.Workflow, chunk: Sequence[task_lib.Task]):
-  """Background evaluation work: start a chunk's episodes and open their first stage.
+  """Background evaluation work: start a chunk's episodes and open their first stage (or, for
+  a workflow of no stages, judge them).
 
-  Returns `(None, episodes, openings)` (`run_episodes`' jobs' shape).
+  Returns `(None, episodes, openings or FinalResult)` (`run_episodes`' jobs' shape).
   """
   episodes = wf.start(chunk)
-  return None, episodes, wf.open_stage(episodes)
+  return None, episodes, wf.open_stage(episodes) if wf.num_stages else wf.finish(episodes)
 
 
 def _eval_stage_job(wf: workflow_lib.Workflow, episodes, outputs: list[str], last: bool):

@@ -21,7 +21,8 @@ the others waiting in their next collective. With a collective timeout
   service how many host collectives it has entered), or, when every peer has
   reached it, which peers stopped inside it (each process also writes a
   heartbeat there every `_HEARTBEAT_S`, from a thread of its own, so a peer that
-  died or hangs inside the collective stops beating), and ends at once with status
+  died inside the collective, or whose VM stopped, stops beating; a peer hung in
+  a call that releases the GIL still beats), and ends at once with status
   `EXIT_PEER_FAILURE` (`os._exit`: neither Python's nor JAX's exit handlers
   run, so the exit cannot wait for the failed peer). Checkpoints are written
   synchronously between collectives, so the last finished one restores.
@@ -76,6 +77,9 @@ _DIAGNOSE_S = 10.0  # at most this long asking the coordination service who fail
 _HEARTBEAT_KEY = "agentic_grpo/heartbeat/"
 _HEARTBEAT_S = 1.0
 _HEARTBEAT_WAIT_S = 3.5
+_HEARTBEAT_BACKOFF_S = 10.0  # the longest wait between tries after the service failed
+# Keys of processes that ended themselves for a peer failure (their heartbeat stops too).
+_EXITED_KEY = "agentic_grpo/exited/"
 
 
 class _Watch:
@@ -192,44 +196,56 @@ def initialize_distributed(
   return True
 
 
-def start_heartbeat(client=None, interval_s: float = _HEARTBEAT_S) -> threading.Event:
+def start_heartbeat(client=None, interval_s: float = _HEARTBEAT_S
+                    ) -> tuple[threading.Event, Optional[threading.Thread]]:
   """Starts this process's heartbeat (module docstring): a daemon thread that raises the count
   under `_HEARTBEAT_KEY<process index>` in the coordination service every `interval_s`
   seconds, so that a peer's `peer_watchdog` report can tell a process that stopped inside a
   collective from one that is only slow. Started by `initialize_distributed` with a collective
   timeout; stopped at interpreter exit, before JAX's own shutdown (its exit handler was
-  registered first, so it runs after this one).
+  registered first, so it runs after this one), and when JAX's client is gone
+  (`jax.distributed.shutdown`). A failed write is retried, backing off to
+  `_HEARTBEAT_BACKOFF_S`: one lost write must not make a live process look stopped.
 
   Args:
-    client: the coordination-service client (default: JAX's); None there: nothing starts.
+    client: the coordination-service client (default: JAX's, followed as above); None there:
+      nothing starts.
     interval_s: seconds between beats (> 0).
 
   Returns:
-    The event that stops the thread (already set when nothing started).
+    `(stop, thread)`: the event that stops the beats (already set, and no thread, when nothing
+    started) and the thread.
 
   Raises:
     ValueError: `interval_s` not positive.
   """
   if not interval_s > 0:
     raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+  follow = client is None
   client = client if client is not None else _coordination_client()
   stop = threading.Event()
   if client is None:
     stop.set()
-    return stop
+    return stop, None
   if _WATCH.heartbeat_stop is not None:
     _WATCH.heartbeat_stop.set()
   key = f"{_HEARTBEAT_KEY}{jax.process_index()}"
 
   def beat():
-    count = 0
+    count, wait, warned = 0, interval_s, False
     while not stop.is_set():
+      if follow and _coordination_client() is not client:
+        return  # JAX shut its client down
       count += 1
       try:
         client.key_value_set(key, str(count), allow_overwrite=True)
-      except Exception:  # pylint: disable=broad-except
-        return  # the service is gone (process 0 died or shut down): nothing left to tell
-      stop.wait(interval_s)
+        wait = interval_s
+      except Exception as e:  # pylint: disable=broad-except
+        if not warned:
+          logging.warning("heartbeat write failed (retrying): %s", e)
+          warned = True
+        wait = min(2 * wait, max(interval_s, _HEARTBEAT_BACKOFF_S))
+      stop.wait(wait)
 
   thread = threading.Thread(target=beat, name="peer-heartbeat", daemon=True)
   thread.start()
@@ -240,7 +256,7 @@ def start_heartbeat(client=None, interval_s: float = _HEARTBEAT_S) -> threading.
     thread.join(2 * interval_s)
 
   atexit.register(end)
-  return stop
+  return stop, thread
 
 
 def _coordination_client():
@@ -293,14 +309,15 @@ def peer_watchdog(what: str) -> Iterator[None]:
 def _peer_report(number: int, client=None, wait_s: float = _HEARTBEAT_WAIT_S) -> str:
   """Which peers failed host collective `number`, from the coordination service's key-value
   store: those that have not entered it (stuck or dead), else those that entered it and then
-  stopped (their heartbeat, `start_heartbeat`, did not rise over `wait_s` seconds). Bounded
-  by `_DIAGNOSE_S + wait_s` (the service may have died with process 0). Its list of live
+  stopped (their heartbeat, `start_heartbeat`, did not rise over `wait_s` seconds; peers that
+  ended themselves for a peer failure meanwhile are not counted). Bounded by
+  `_DIAGNOSE_S + wait_s` (the service may have died with process 0). Its list of live
   processes is not asked: that call waits for every live process, a stuck one included.
 
   Args:
     number: the collective's number (this process's count of host collectives entered).
     client: the coordination-service client (default: JAX's).
-    wait_s: seconds between the two reads of the heartbeats.
+    wait_s: seconds between the two reads of the heartbeats (only when no peer is behind).
 
   Returns:
     One or two sentences for the failure message.
@@ -314,16 +331,15 @@ def _peer_report(number: int, client=None, wait_s: float = _HEARTBEAT_WAIT_S) ->
   def read(prefix: str) -> dict[int, int]:
     return {int(k.rsplit("/", 1)[-1]): int(v) for k, v in client.key_value_dir_get(prefix)}
 
-  def ask():
-    answer["entered"] = read(_PROGRESS_KEY)
-    beats = read(_HEARTBEAT_KEY)
-    time.sleep(wait_s)
-    answer["beats"] = (beats, read(_HEARTBEAT_KEY))
+  def ask(what: str, fn) -> bool:
+    def run():
+      answer[what] = fn()
+    asker = threading.Thread(target=run, name="peer-report", daemon=True)
+    asker.start()
+    asker.join(_DIAGNOSE_S + (wait_s if what == "beats" else 0.0))
+    return what in answer
 
-  asker = threading.Thread(target=ask, name="peer-report", daemon=True)
-  asker.start()
-  asker.join(_DIAGNOSE_S + wait_s)
-  if "entered" not in answer:
+  if not ask("entered", lambda: read(_PROGRESS_KEY)):
     return ("The coordination service (process 0) does not answer: process 0 is likely dead "
             "or stuck.")
   entered = answer["entered"]
@@ -331,20 +347,26 @@ def _peer_report(number: int, client=None, wait_s: float = _HEARTBEAT_WAIT_S) ->
   if behind:
     return "Not at this collective (stuck or dead): " + ", ".join(
         f"process {q} (entered {n} host collectives)" for q, n in sorted(behind.items())) + "."
-  if "beats" not in answer:
+
+  def beats():
+    before = read(_HEARTBEAT_KEY)
+    time.sleep(wait_s)
+    return before, read(_HEARTBEAT_KEY), read(_EXITED_KEY)
+
+  if not ask("beats", beats):
     return ("Every peer has entered this collective, and the coordination service stopped "
             "answering: process 0 is likely dead or stuck.")
-  before, after = answer["beats"]
+  before, after, exited = answer["beats"]
   # A peer with a heartbeat that did not rise stopped; one that never beat has no thread to
   # judge it by (a run started without a collective timeout on that process).
-  stopped = [q for q in range(count) if q != me and q in before
+  stopped = [q for q in range(count) if q != me and q in before and q not in exited
              and after.get(q, 0) <= before[q]]
   if stopped:
     return (f"Every peer has entered this collective; stopped in it (no heartbeat for "
             f"{wait_s:g} s: dead or stuck): " + ", ".join(f"process {q}" for q in stopped)
             + ".")
-  return ("Every peer has entered this collective and is alive (its heartbeat rises); see "
-          "their logs for the failure.")
+  return ("Every peer has entered this collective and is alive (its heartbeat rises) or ended "
+          "itself; see their logs for the failure.")
 
 
 def _end_for_peer_failure(reason: str, number: int) -> None:
@@ -355,7 +377,27 @@ def _end_for_peer_failure(reason: str, number: int) -> None:
   logging.error("%s", message)
   print(message, file=sys.stderr, flush=True)
   logging.flush()
+  _mark_exited()
   os._exit(EXIT_PEER_FAILURE)  # pylint: disable=protected-access
+
+
+def _mark_exited(client=None, timeout_s: float = 2.0) -> None:
+  """Records in the coordination service that this process ends itself (`_EXITED_KEY`), so
+  that a slower peer's report does not count its stopped heartbeat as a failure; bounded by
+  `timeout_s` (the service may be gone)."""
+  client = client if client is not None else _coordination_client()
+  if client is None:
+    return
+
+  def mark():
+    try:
+      client.key_value_set(f"{_EXITED_KEY}{jax.process_index()}", "1", allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  marker = threading.Thread(target=mark, name="peer-exited", daemon=True)
+  marker.start()
+  marker.join(timeout_s)
 
 
 def process_slice(n: int, process_index: Optional[int] = None,

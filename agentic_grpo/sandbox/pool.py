@@ -46,6 +46,13 @@ a worker runs and how its report becomes a verdict is the judge's
 The pool's threads only wait on pipes, so the pool overlaps with device work
 in the trainer process. A failure of the sandbox machinery itself becomes a
 `RunResult` with verdict `ERROR`; `map` and futures never raise for it.
+
+Leftovers. A pool removes its host directory (`agentic-grpo-sandbox-*` in the
+temporary directory) when closed or at interpreter exit; a process that is
+killed (SIGKILL, the out-of-memory killer, `os._exit` after a peer failure)
+cannot. Each host directory names its owner (pid and start time, `.owner`),
+and every new pool first removes the directories of owners that are gone
+(`sweep_stale_roots`), so killed runs do not fill the disk.
 """
 
 from __future__ import annotations
@@ -65,6 +72,76 @@ from agentic_grpo.sandbox import program_judge
 from agentic_grpo.sandbox import stdio
 from agentic_grpo.sandbox import worker as worker_lib
 from agentic_grpo.sandbox.types import Isolation, Limits, Program, RunResult
+
+# ----------------------------------------------------------------- leftovers
+ROOT_PREFIX = "agentic-grpo-sandbox-"
+_OWNER_FILE = ".owner"
+
+
+def _start_time(pid: int) -> str | None:
+  """The kernel's start time of process `pid` (clock ticks since boot, `/proc/<pid>/stat`
+  field 22), or None where there is no `/proc` or no such process: it tells a reused pid
+  from its first owner."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+      # The command name (field 2) may hold spaces and parentheses: split after its ')'.
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+  """Whether process `pid` exists and, where start times can be read, is the one that started
+  at `start`."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # another user's process: it exists
+  now = _start_time(pid)
+  return start is None or now is None or now == start
+
+
+def _write_owner(root: str) -> None:
+  with open(os.path.join(root, _OWNER_FILE), "w", encoding="ascii") as f:
+    f.write(f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n")
+
+
+def sweep_stale_roots(tmpdir: str | None = None) -> list[str]:
+  """Removes the host directories of pools whose owner process is gone (module docstring).
+
+  A directory counts as stale only when its `.owner` file names a process that no longer
+  exists, or a pid now held by another process (a different start time); directories without
+  one (a pool being created, or made by an older version) are left alone.
+
+  Args:
+    tmpdir: where to look (default: `tempfile.gettempdir()`, where pools make them).
+
+  Returns:
+    The paths removed.
+  """
+  tmpdir = tmpdir or tempfile.gettempdir()
+  removed = []
+  try:
+    names = [n for n in os.listdir(tmpdir) if n.startswith(ROOT_PREFIX)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(tmpdir, name)
+    try:
+      with open(os.path.join(path, _OWNER_FILE), encoding="ascii") as f:
+        pid_text, start = f.read().split()
+      pid = int(pid_text)
+    except (OSError, ValueError):
+      continue
+    if pid <= 0 or _alive(pid, None if start == "-" else start):
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.exists(path):
+      removed.append(path)
+  return removed
+
 
 # ----------------------------------------------------------------- pool
 def _shutdown(workers, idle_slots, host_root):
@@ -113,14 +190,16 @@ class SandboxPool:
     if not isinstance(isolation, Isolation):
       raise ValueError(f"isolation must be an Isolation, got {type(isolation).__name__}")
     if tag is None:
-      tag = "agentic-grpo-sandbox-" + secrets.token_hex(6)
+      tag = ROOT_PREFIX + secrets.token_hex(6)
     if not isinstance(tag, str) or not tag or not all(c.isalnum() or c in "-_." for c in tag):
       raise ValueError(f"tag must be a non-empty string of [A-Za-z0-9._-], got {tag!r}")
     self.tag = tag
     self.limits = limits
     self._plan = isolation_lib.plan_for(isolation)
-    self._host_root = tempfile.mkdtemp(prefix="agentic-grpo-sandbox-")
+    sweep_stale_roots()
+    self._host_root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
     os.chmod(self._host_root, 0o711)
+    _write_owner(self._host_root)
     slots = []
     try:
       for _ in range(max_workers):

@@ -27,7 +27,7 @@ from agentic_grpo import parallel
 
 # Metric names TensorBoard keeps unchanged as tags (tensorboardX replaces any other character).
 _TAG = re.compile(r"[-\w./]+")
-# RL rows averaged into the progress bar's training pass rate (`Metrics.postfix`).
+# RL rows averaged into the progress bar's training pass rate (`MetricsWriter.postfix`).
 _TRAIN_PASS_ROWS = 10
 
 
@@ -196,8 +196,8 @@ class MetricsWriter:
   def postfix(self, phase: str, loss: Optional[float] = None) -> dict[str, str]:
     """The progress bar's fields: `phase`, the warm-start's `loss`, `pass@1` (the last
     held-out evaluation's greedy pass@1) and, in the RL phase, `train` (the training stream's
-    pass rate, `train/pass_rate`, averaged over the last `_TRAIN_PASS_ROWS` rows: sampled
-    episodes, so below greedy pass@1 at a high temperature)."""
+    pass rate, `train/pass_rate`, averaged over the last `_TRAIN_PASS_ROWS` rows that carry
+    it: sampled episodes on training tasks, not the held-out greedy pass@1)."""
     post = {"phase": phase}
     if loss is not None:
       post["loss"] = f"{loss:.3f}"
