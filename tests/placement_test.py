@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from agentic_grpo import parallel
+from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
@@ -255,6 +256,37 @@ class ShardedModelTest(parameterized.TestCase):
       self.assertEqual(got.spec, P(*effective), slots)
       self.assertTrue(got.is_equivalent_to(shardings.cache(_N, slots).k[0], 4), slots)
     self.assertGreater(float(np.abs(want[0].logprobs).max()), 0.1)  # non-trivial log-probs
+
+  def test_greedy_and_sampled_calls_share_one_sharded_program(self):
+    """`greedy` is traced in the sharded sampler: a greedy and a sampled call of the same shapes
+    trace (and compile) one program, and each gives the tokens of the static program of its
+    kind (the one-device sampler's, `greedy` static), log-probs within float rounding."""
+    graphdef, ref_params, _, _ = _reference()
+    prompts, lengths = _prompts(0)
+    mesh = parallel.make_mesh((8, 1, 1))
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
+    transform = core_types.SamplingTransform(temperature=1.0)
+    sampler._sharded_jit.cache_clear()
+    counted = chex.assert_max_traces(sampler._sample_impl, n=1)
+    outs = {}
+    with mock.patch.object(sampler, "_sample_impl", counted):
+      for greedy in (True, False):
+        outs[greedy] = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(5),
+                                      max_new_tokens=_NEW, greedy=greedy, transform=transform,
+                                      shardings=shardings)
+    chex.clear_trace_counter()
+    self.assertEqual(sampler._sharded_jit.cache_info().currsize, 1)
+    for greedy, out in outs.items():
+      want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
+                                           jax.random.key(5), max_new_tokens=_NEW,
+                                           greedy=greedy, transform=transform))
+      np.testing.assert_array_equal(np.asarray(out.tokens), want.tokens)
+      np.testing.assert_array_equal(np.asarray(out.lengths), want.lengths)
+      np.testing.assert_allclose(np.asarray(out.logprobs), want.logprobs, atol=2e-5, rtol=0)
+    # The two kinds differ: the sampled call drew other tokens than the argmax somewhere.
+    self.assertFalse(np.array_equal(np.asarray(outs[True].tokens),
+                                    np.asarray(outs[False].tokens)))
 
   @parameterized.named_parameters(("data8", (8, 1, 1)), ("data2_fsdp2_tensor2", (2, 2, 2)))
   def test_shared_prefill_sharded_equals_one_device(self, shape):

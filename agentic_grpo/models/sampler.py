@@ -378,20 +378,24 @@ def draw_tokens(logits: jax.Array, transform: core_types.SamplingTransform, keys
     keys: `[N]` row keys (`jax.random.split(rng, n)[row]`); unused when `greedy`.
     step: int32, the index of the token drawn in its row's completion: a scalar (every row
       at the same step) or `[N]`; the row key is folded with it.
-    greedy: static; the argmax of the transformed logits instead of a draw.
+    greedy: the argmax of the transformed logits instead of a draw: a Python bool (static), or
+      a traced bool scalar (both are computed and one is selected, so that one program serves
+      greedy and sampled calls).
 
   Returns:
     `(tokens [N] int32, logprobs [N] float32)`, the log-probs under the same transform
     (identical to `core.logprobs.token_logprobs`).
   """
   x = logprobs_lib.transform_logits(logits, transform)
-  if greedy:
+  if isinstance(greedy, bool) and greedy:
     tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
   else:
     steps = jnp.asarray(step, jnp.int32)
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None if steps.ndim == 0 else 0))(
         keys, steps)
     tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+    if not isinstance(greedy, bool):  # traced: one program for both
+      tok = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), tok)
   lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
   return tok, lp
 
@@ -617,23 +621,28 @@ _SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
 
 @functools.lru_cache(maxsize=64)
 def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, top_k: int,
-                 greedy: bool, use_top_p: bool, vocab_limit: int,
-                 groups: Optional[int] = None):
+                 use_top_p: bool, vocab_limit: int, groups: Optional[int] = None):
   """`_sample_impl` jitted with explicit in/out shardings for `n` global rows (and `groups`
-  global groups of a shared-prefix prefill, None without one)."""
+  global groups of a shared-prefix prefill, None without one).
+
+  `greedy` is a traced (replicated) bool argument here, not a static one: greedy and sampled
+  calls of the same shapes share one program (a run's evaluation compiles 8 sampler programs
+  instead of 12). The draw computes both the argmax and the categorical sample and selects
+  one (`draw_tokens`); tokens and log-probs are bit-identical to the static programs' (tested
+  against recorded outputs of the static sampler)."""
   rows = shardings.rows(n)
   rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
 
   def fn(params, prompts, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs, pad_id,
-         shared=None):
+         greedy_flag, shared=None):
     return _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
                         stop_ids, stop_seqs, pad_id, shared, max_new_tokens=max_new_tokens,
-                        top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+                        top_k=top_k, greedy=greedy_flag, use_top_p=use_top_p,
                         vocab_limit=vocab_limit, cache_shardings=shardings.cache)
 
   shared = None if groups is None else (shardings.rows(groups), shardings.rows(groups))
   return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep,
-                                   shared),
+                                   rep, shared),
                  out_shardings=SampleOutput(rows, rows, rows, rows))
 
 
@@ -742,15 +751,17 @@ def sample(
                                "lengths": prompt_lengths.astype(np.int32),
                                "stop_ids": stop_ids, "stop_seqs": stop_seqs,
                                "temperature": np.float32(temperature),
-                               "top_p": np.float32(top_p), "pad_id": np.int32(pad_id)})
+                               "top_p": np.float32(top_p), "pad_id": np.int32(pad_id),
+                               "greedy": np.bool_(greedy)})
     groups = None
     if shared is not None:
       shared = shardings.put_rows(shared)
       groups = int(shared[0].shape[0])
     fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
-                      top_k, bool(greedy), bool(top_p < 1.0), vocab_limit, groups)
+                      top_k, bool(top_p < 1.0), vocab_limit, groups)
     return fn(params, rows["prompts"], rows["lengths"], rng, rows["temperature"],
-              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"], shared)
+              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"], rows["greedy"],
+              shared)
   if shared is not None:
     shared = tuple(jnp.asarray(x, jnp.int32) for x in shared)
   return _SAMPLE_JIT(
