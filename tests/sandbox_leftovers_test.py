@@ -43,14 +43,20 @@ class SweepTest(absltest.TestCase):
   def test_removes_only_roots_of_owners_that_are_gone(self):
     me = os.getpid()
     start = pool_lib._start_time(me)
-    dead = self._root(f"{_dead_pid()} -\n")
-    reused = self._root(f"{me} 1\n") if start not in (None, "1") else None
-    alive = self._root(f"{me} {start or '-'}\n")
+    ns = pool_lib._pid_namespace()
+    self.assertNotEqual(ns, "-")  # Linux: the namespace can be read
+    dead_pid = _dead_pid()
+    dead = self._root(f"{dead_pid} - {ns}\n")
+    reused = self._root(f"{me} 1 {ns}\n") if start not in (None, "1") else None
+    alive = self._root(f"{me} {start or '-'} {ns}\n")
+    # Another container's pool: its pid means nothing in this namespace.
+    elsewhere = self._root(f"{dead_pid} - pid:[1]\n")
+    unknown_ns = self._root(f"{dead_pid} - -\n")
     unowned = self._root(None)
     garbled = self._root("not a pid\n")
     removed = pool_lib.sweep_stale_roots(self.tmp)
     self.assertCountEqual(removed, [dead] + ([reused] if reused else []))
-    for path in (alive, unowned, garbled):
+    for path in (alive, elsewhere, unknown_ns, unowned, garbled):
       self.assertTrue(os.path.isdir(path), path)
     self.assertFalse(os.path.exists(dead))
 

@@ -50,7 +50,7 @@ in the trainer process. A failure of the sandbox machinery itself becomes a
 Leftovers. A pool removes its host directory (`agentic-grpo-sandbox-*` in the
 temporary directory) when closed or at interpreter exit; a process that is
 killed (SIGKILL, the out-of-memory killer, `os._exit` after a peer failure)
-cannot. Each host directory names its owner (pid and start time, `.owner`),
+cannot. Each host directory names its owner (pid, start time and PID namespace, `.owner`),
 and every new pool first removes the directories of owners that are gone
 (`sweep_stale_roots`), so killed runs do not fill the disk.
 """
@@ -103,17 +103,28 @@ def _alive(pid: int, start: str | None) -> bool:
   return start is None or now is None or now == start
 
 
+def _pid_namespace() -> str:
+  """This process's PID namespace (`/proc/self/ns/pid`, e.g. `pid:[4026531836]`), or `-` where
+  it cannot be read: pids name processes only within one namespace."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return "-"
+
+
 def _write_owner(root: str) -> None:
   with open(os.path.join(root, _OWNER_FILE), "w", encoding="ascii") as f:
-    f.write(f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n")
+    f.write(f"{os.getpid()} {_start_time(os.getpid()) or '-'} {_pid_namespace()}\n")
 
 
 def sweep_stale_roots(tmpdir: str | None = None) -> list[str]:
   """Removes the host directories of pools whose owner process is gone (module docstring).
 
-  A directory counts as stale only when its `.owner` file names a process that no longer
-  exists, or a pid now held by another process (a different start time); directories without
-  one (a pool being created, or made by an older version) are left alone.
+  A directory counts as stale only when its `.owner` file names a process of this PID
+  namespace that no longer exists, or a pid now held by another process (a different start
+  time); directories without one (a pool being created, or made by an older version), and
+  those of another PID namespace (another container sharing the temporary directory, whose
+  pids mean nothing here), are left alone.
 
   Args:
     tmpdir: where to look (default: `tempfile.gettempdir()`, where pools make them).
@@ -131,9 +142,11 @@ def sweep_stale_roots(tmpdir: str | None = None) -> list[str]:
     path = os.path.join(tmpdir, name)
     try:
       with open(os.path.join(path, _OWNER_FILE), encoding="ascii") as f:
-        pid_text, start = f.read().split()
+        pid_text, start, namespace = f.read().split()
       pid = int(pid_text)
     except (OSError, ValueError):
+      continue
+    if namespace == "-" or namespace != _pid_namespace():
       continue
     if pid <= 0 or _alive(pid, None if start == "-" else start):
       continue
