@@ -43,20 +43,21 @@ class FakeService:
       return [(k, v) for k, v in self.store.items() if k.startswith(prefix)]
 
 
-def _two_processes():
-  return mock.patch.multiple(collectives.jax, process_index=mock.DEFAULT,
-                             process_count=mock.DEFAULT)
+def _as_process(test: absltest.TestCase, index: int) -> None:
+  """Makes `test` run as process `index` of two (`jax.process_index` / `process_count`)."""
+  patcher = mock.patch.multiple(collectives.jax, process_index=mock.DEFAULT,
+                                process_count=mock.DEFAULT)
+  mocks = patcher.start()
+  mocks["process_index"].return_value = index
+  mocks["process_count"].return_value = 2
+  test.addCleanup(patcher.stop)
 
 
 class PeerReportTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    patcher = _two_processes()
-    mocks = patcher.start()
-    mocks["process_index"].return_value = 0
-    mocks["process_count"].return_value = 2
-    self.addCleanup(patcher.stop)
+    _as_process(self, 0)
 
   def _service(self, entered: dict[int, int], beats: dict[int, int], **kw) -> FakeService:
     service = FakeService(**kw)
@@ -128,11 +129,7 @@ class HeartbeatTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    patcher = _two_processes()
-    mocks = patcher.start()
-    mocks["process_index"].return_value = 1
-    mocks["process_count"].return_value = 2
-    self.addCleanup(patcher.stop)
+    _as_process(self, 1)
     self.addCleanup(setattr, collectives._WATCH, "heartbeat_stop", None)
 
   def _beat(self, service) -> int:
