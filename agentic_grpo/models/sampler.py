@@ -21,8 +21,9 @@ pad or EOS (which may be equal).
 
 Shapes are static per call: prompts are padded to a bucket (powers of two by
 default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
-`vocab_limit`, `greedy`, whether top-p is on, and stop-table shapes reuse one compiled
-program; `temperature`, the `top_p` value, the RNG and the stop ids are traced.
+`vocab_limit`, `greedy` (traced in the sharded program: greedy and sampled calls share
+it), whether top-p is on, and stop-table shapes reuse one compiled program; `temperature`,
+the `top_p` value, the RNG and the stop ids are traced.
 
 Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
 `sampler_shardings`) the sampler is jitted with explicit
