@@ -71,7 +71,7 @@ MAY_CHANGE = frozenset({
     "model.attention_chunk",  # the same attention, computed in query chunks
     # The same row keys, transform and stop rule, decoded in other batches: the same tokens
     # and log-probs up to float rounding, as `model.attention_chunk`.
-    "rl.sampler", "rl.sampler_slots",
+    "rl.sampler", "rl.sampler_slots", "rl.sampler_compact_to",
     "rl.shared_prefill",  # the same prompts prefilled in two parts: float rounding only
     "rl.precompile_rows",  # when the update step compiles, not what it computes
     "rl.update_chunk_rows",  # the same update, accumulated over chunks of rows

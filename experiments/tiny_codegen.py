@@ -107,6 +107,10 @@ def get_config() -> ml_collections.ConfigDict:
   # per row count, and no row-bucket padding past the last chunk (with chunks, the programs
   # compiled ahead are the chunk's, whatever `precompile_rows` names).
   c.rl.update_chunk_rows = 2
+  # A sampler call decodes until its longest completion ends, while most stop early (10 tokens
+  # on average, 31 the longest of 128): once at most 32 rows are still generating, they go on
+  # alone (`models.sampler.sample`'s `compact_to`), a quarter of the rows per decode step.
+  c.rl.sampler_compact_to = 32
   # Sample (and score the importance ratio) at temperature 1: the warm-started policy puts most
   # of its mass on the teacher's habit, and the right program must be among the group's samples
   # for RL to find it; at 0.5 the groups explored too little and the gain stalled at +0.07

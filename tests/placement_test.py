@@ -311,6 +311,30 @@ class ShardedModelTest(parameterized.TestCase):
     np.testing.assert_allclose(np.asarray(out.logprobs), want.logprobs, atol=2e-5, rtol=0)
     self.assertEqual(out.tokens.sharding.spec, P(("data", "fsdp")))
 
+  @parameterized.named_parameters(("data8_to2", (8, 1, 1), 2), ("data8_to4", (8, 1, 1), 4),
+                                  ("data2_fsdp2_tensor2_to2", (2, 2, 2), 2))
+  def test_compacted_decode_sharded_equals_one_device(self, shape, compact_to):
+    """The decode compaction (`compact_to`) on a mesh: the rows still generating, fewer than
+    (or as many as) the batch axes hold, gathered and decoded on; tokens, lengths and finish
+    reasons are the one-device whole decode's, log-probs within float rounding."""
+    graphdef, ref_params, _, _ = _reference()
+    prompts, lengths = _prompts(0)
+    kwargs = dict(max_new_tokens=12, transform=core_types.SamplingTransform(temperature=1.0),
+                  stop_token_ids=list(range(0, _CONFIG.vocab_size, 4)))
+    want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
+                                         jax.random.key(3), **kwargs))
+    longest = np.sort(want.lengths)[::-1]
+    self.assertLess(longest[compact_to], longest[0])  # the call compacts
+    mesh = parallel.make_mesh(shape)
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
+    out = jax.device_get(sampler.sample(graphdef, params, prompts, lengths, jax.random.key(3),
+                                        shardings=shardings, compact_to=compact_to, **kwargs))
+    np.testing.assert_array_equal(out.tokens, want.tokens)
+    np.testing.assert_array_equal(out.lengths, want.lengths)
+    np.testing.assert_array_equal(out.finish_reason, want.finish_reason)
+    np.testing.assert_allclose(out.logprobs, want.logprobs, atol=2e-5, rtol=0)
+
   def test_kv_cache_shardings(self):
     mesh = parallel.make_mesh((2, 2, 2))
     cache_sh = placement.kv_cache_shardings(_CONFIG, mesh, batch_size=8, max_len=16)

@@ -44,16 +44,16 @@ def _sample(prompts, lengths, **kwargs):
 _sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=(0, 5))
 
 
-def _learner_logprobs(prompts, lengths, out, **transform):
+def _learner_logprobs(prompts, lengths, out, new_tokens=_T, **transform):
   """Log-probs of the completion tokens recomputed by a full forward pass."""
   graphdef, params = _model()
   tokens, positions, segment_mask, loss_mask = sampler.join_prompt_completion(
       prompts, lengths, out.tokens, out.lengths)
   lp = _sequence_logprobs(graphdef, params, tokens, positions, segment_mask,
                           core_types.SamplingTransform(**transform))
-  idx = np.minimum(np.asarray(lengths)[:, None] + np.arange(_T)[None], lp.shape[1] - 1)
+  idx = np.minimum(np.asarray(lengths)[:, None] + np.arange(new_tokens)[None], lp.shape[1] - 1)
   completion_lp = np.take_along_axis(np.asarray(lp), idx, axis=1)
-  mask = np.asarray(sampler.completion_mask(out.lengths, _T))
+  mask = np.asarray(sampler.completion_mask(out.lengths, new_tokens))
   # The loss mask of the joined rows marks exactly the completion tokens.
   np.testing.assert_array_equal(np.asarray(loss_mask).sum(1), np.asarray(out.lengths))
   return np.where(mask, completion_lp, 0.0)
@@ -402,6 +402,111 @@ class SharedPrefillTest(parameterized.TestCase):
     prompts, lengths = _prompts()
     with self.assertRaisesRegex(ValueError, "prefix_group must be a positive divisor"):
       _sample(prompts, lengths, prefix_group=group)
+
+
+def _ragged_prompts(n=16, width=12, seed=7):
+  rng = np.random.RandomState(seed)
+  lengths = rng.randint(1, width + 1, (n,)).astype(np.int32)
+  prompts = rng.randint(0, _CONFIG.vocab_size, (n, width)).astype(np.int32)
+  prompts[np.arange(width)[None] >= lengths[:, None]] = 0
+  return prompts, lengths
+
+
+# A fifth of the ids stop a row: sampled completions end after 1 to 16 tokens, most early.
+_STOPS = list(range(0, _CONFIG.vocab_size, 5))
+
+
+class CompactionTest(parameterized.TestCase):
+  """`sample(..., compact_to=)`: the rows still generating decoded on alone."""
+
+  def _compare(self, compact_to, prompts, lengths, **kwargs):
+    kwargs.setdefault("stop_token_ids", _STOPS)
+    kwargs.setdefault("max_new_tokens", 16)
+    kwargs.setdefault("rng", jax.random.key(21))
+    whole = jax.device_get(_sample(prompts, lengths, **kwargs))
+    compact = jax.device_get(_sample(prompts, lengths, compact_to=compact_to, **kwargs))
+    np.testing.assert_array_equal(compact.tokens, whole.tokens)
+    np.testing.assert_array_equal(compact.lengths, whole.lengths)
+    np.testing.assert_array_equal(compact.finish_reason, whole.finish_reason)
+    np.testing.assert_allclose(compact.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+    return whole, compact
+
+  def _assert_compacted(self, lengths, compact_to):
+    """The call did compact: at some step at most `compact_to` rows, but not none, generated
+    while a longer row went on (the `compact_to + 1`-th longest row ended before the longest)."""
+    longest = np.sort(np.asarray(lengths))[::-1]
+    self.assertLess(longest[compact_to], longest[0])
+
+  @parameterized.named_parameters(("sampled", False, 4, 21), ("greedy", True, 4, 21),
+                                  ("one_row", False, 1, 22), ("half", False, 8, 23))
+  def test_same_outputs_as_the_whole_decode(self, greedy, compact_to, key):
+    prompts, lengths = _ragged_prompts()
+    # Greedy rows repeat themselves: other stop ids end most of them early.
+    stops = list(range(1, _CONFIG.vocab_size, 3)) if greedy else _STOPS
+    whole, compact = self._compare(compact_to, prompts, lengths, greedy=greedy,
+                                   temperature=1.0, stop_token_ids=stops,
+                                   rng=jax.random.key(key))
+    self._assert_compacted(whole.lengths, compact_to)
+    self.assertGreater(int(np.sum(whole.finish_reason == sampler.FINISH_STOP)), 8)
+    # The behaviour log-probs are still the learner's (importance ratio 1).
+    learner = _learner_logprobs(prompts, lengths, compact, new_tokens=16)
+    np.testing.assert_allclose(compact.logprobs, learner, atol=2e-5)
+
+  def test_rows_that_reach_the_limit_and_per_row_stop_tables(self):
+    # Per-row stop ids and stop sequences are gathered with their rows; rows that never stop
+    # end at `max_new_tokens`, after the compaction.
+    prompts, lengths = _ragged_prompts(seed=8)
+    per_row = [[] if i % 8 == 0 else _STOPS[i % 3::2] for i in range(16)]
+    sequences = [[[3, 4]] if i % 2 else [[9]] for i in range(16)]
+    whole, _ = self._compare(4, prompts, lengths, temperature=1.0, stop_token_ids=per_row,
+                             stop_sequences=sequences)
+    self._assert_compacted(whole.lengths, 4)
+    self.assertIn(sampler.FINISH_LENGTH, whole.finish_reason.tolist())
+    self.assertIn(sampler.FINISH_STOP, whole.finish_reason.tolist())
+
+  def test_with_the_shared_prefix_prefill(self):
+    prompts, lengths = _grouped_prompts(seed=3)
+    whole, _ = self._compare(4, prompts, lengths, temperature=1.0, prefix_group=4,
+                             max_new_tokens=_T, stop_token_ids=[1, 2, 3, 4, 5, 6, 7])
+    self._assert_compacted(whole.lengths, 4)
+
+  @parameterized.parameters(16, 40)
+  def test_compact_to_at_or_above_the_row_count_changes_nothing(self, compact_to):
+    prompts, lengths = _ragged_prompts()
+    kwargs = dict(temperature=1.0, stop_token_ids=_STOPS, max_new_tokens=16,
+                  rng=jax.random.key(21))
+    whole = jax.device_get(_sample(prompts, lengths, **kwargs))
+    compact = jax.device_get(_sample(prompts, lengths, compact_to=compact_to, **kwargs))
+    chex.assert_trees_all_equal(compact, whole)
+
+  def test_one_decode_loop_more_at_the_compacted_width(self):
+    # Prompts of 12 and 8 new tokens: the cache does not double, one decode loop (one segment)
+    # of all 16 rows; compaction adds one loop of 4 rows.
+    prompts, lengths = _ragged_prompts()
+    graphdef, params = _model()
+    real_apply = transformer.apply
+    for compact_to, want in ((0, [16]), (4, [16, 4])):
+      widths = []
+
+      def spy(graphdef, params, tokens, *args, **kwargs):
+        if tokens.shape[1] == 1:  # a decode step's body
+          widths.append(tokens.shape[0])
+        return real_apply(graphdef, params, tokens, *args, **kwargs)
+
+      jitted = jax.jit(sampler._sample_impl, static_argnames=sampler._STATIC_ARGNAMES)
+      with mock.patch.object(transformer, "apply", spy):
+        jitted.lower(graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths),
+                     jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
+                     jnp.full((16, 1), 1, jnp.int32), jnp.full((16, 1, 1), -1, jnp.int32),
+                     jnp.int32(0), max_new_tokens=8, top_k=0, greedy=False, use_top_p=False,
+                     compact_to=compact_to)
+      self.assertEqual(widths, want, compact_to)
+
+  @parameterized.parameters(-1, 1.5, True)
+  def test_bad_compact_to(self, compact_to):
+    prompts, lengths = _ragged_prompts()
+    with self.assertRaisesRegex(ValueError, "compact_to must be an int >= 0"):
+      _sample(prompts, lengths, compact_to=compact_to)
 
 
 class ValidationTest(parameterized.TestCase):

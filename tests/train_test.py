@@ -434,8 +434,27 @@ class TrainTest(parameterized.TestCase):
     np.testing.assert_array_equal(got[0], tokens)
     np.testing.assert_array_equal(got[1], out_len)
 
+  @parameterized.parameters((6, 5), (8, 4))  # rows not in groups of rl.group_size=4; in two
+  def test_static_sample_fn_compacts_the_decode(self, rows, compact_to):
+    cfg = _micro(tiny_codegen, **{"rl.sampler_compact_to": compact_to, "rl.group_size": 4})
+    comp = train.build(cfg, pool=self.pool)
+    params = placement.init_params(comp.sharded_model, comp.model_config, 0)
+    prompts = np.random.default_rng(0).integers(1, 200, size=(rows, 16)).astype(np.int32)
+    lengths = np.full((rows,), 16, np.int32)
+    seen = []
+    real = sampler_lib.sample
+
+    def spy(*args, **kwargs):
+      seen.append((kwargs.get("compact_to"), kwargs.get("prefix_group", 1)))
+      return real(*args, **kwargs)
+
+    with mock.patch.object(sampler_lib, "sample", spy):
+      train.make_sample_fn(comp, 0)(params, prompts, lengths, 3, False)
+    self.assertEqual(seen, [(compact_to, 1 if rows % 4 else 4)])
+
   @parameterized.parameters(("rl.sampler", "dynamic"), ("rl.sampler_slots", -1),
-                            ("rl.precompile_rows", (2, 0)))
+                            ("rl.precompile_rows", (2, 0)), ("rl.sampler_compact_to", -1),
+                            ("rl.sampler_compact_to", True))
   def test_bad_sampler_option_names_the_field(self, key, value):
     with self.assertRaisesRegex(ValueError, re.escape(f"config.{key}")):
       _micro(tiny_codegen, **{key: value})

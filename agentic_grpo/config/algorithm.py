@@ -165,6 +165,10 @@ class RLSection:
     prefix_cache_mb: with reuse_prefix, the saved rows' budget in MiB (>= 1).
     shared_prefill: the static sampler prefills a group's shared prompt prefix once (see
       above); ignored with sampler='continuous' and in a multi-process run.
+    sampler_compact_to: the static sampler's decode compaction (`models.sampler.sample`'s
+      `compact_to`): once at most this many of a call's rows (all processes') are still
+      generating, only those rows are decoded on; 0 = off. Same tokens and log-probs up to
+      float rounding; ignored with sampler='continuous' (which refills its slots instead).
     precompile_rows: update row counts (this process's) whose update step compiles in a
       background thread during the warm-start's last evaluation (`train.device.DeviceSide.
       compile_rl_updates`), at each packed row length or bucket: the RL phase's first
@@ -197,6 +201,7 @@ class RLSection:
   reuse_prefix: str = "never"
   prefix_cache_mb: int = 1024
   shared_prefill: bool = True
+  sampler_compact_to: int = 0
   precompile_rows: tuple[int, ...] = ()
 
   def packed_lengths(self) -> dict[int, int]:
@@ -222,6 +227,10 @@ class RLSection:
                  self.reuse_prefix)
     checks.check(isinstance(self.shared_prefill, bool), f"{path}.shared_prefill",
                  "must be a bool", self.shared_prefill)
+    checks.check(isinstance(self.sampler_compact_to, int) and not isinstance(
+        self.sampler_compact_to, bool) and self.sampler_compact_to >= 0,
+                 f"{path}.sampler_compact_to", "must be an int >= 0 (0 = off)",
+                 self.sampler_compact_to)
     checks.check(all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r
                      for r in self.precompile_rows), f"{path}.precompile_rows",
                  "must be row counts >= 1", tuple(self.precompile_rows))

@@ -42,7 +42,8 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   greedy or sampled, no id past the tokenizer's vocabulary is generated.
 
   `rl.sampler` picks the batching: `'static'` (`models.sampler.sample`, the call's rows padded
-  to one prompt bucket and decoded together; with `rl.shared_prefill` in a single process, a
+  to one prompt bucket and decoded together, the rows still generating alone once at most
+  `rl.sampler_compact_to` are; with `rl.shared_prefill` in a single process, a
   call whose rows are a multiple of `rl.group_size` is prefilled in groups of that many
   consecutive rows, `sample`'s `prefix_group`, when that computes fewer token slots) or
   `'continuous'` (`models.continuous.sample`, `rl.sampler_slots` decode slots, 0 = the
@@ -128,11 +129,13 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
       elif group > 1 and prompts.shape[0] % group == 0:
         out = sampler_lib.sample(comp.graphdef, params, prompts, lengths, key,
                                  shardings=shardings, prompt_buckets=cfg.rl.buckets,
-                                 prefix_group=group, **common)
+                                 prefix_group=group, compact_to=cfg.rl.sampler_compact_to,
+                                 **common)
       else:
         out = sampler_lib.sample(
             comp.graphdef, params, prompts, lengths, key, shardings=shardings,
-            prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),), **common)
+            prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),),
+            compact_to=cfg.rl.sampler_compact_to, **common)
       rows = parallel.local_rows((out.tokens, out.lengths, out.logprobs))
     if not keyed:
       return rows
