@@ -2,9 +2,9 @@
 
 `make train` runs this config: a supervised warm-start on reference episodes, then Agentic GRPO
 (stage rewards with provisional updates, retroactive corrections), budgeted to finish within 10
-minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.137 -> 0.238, paired
-gain +0.102 +- 0.014 on seed 0, at the +0.10 aimed for rather than clear of it; 0.112 -> 0.229,
-+0.117 +- 0.015 on seed 1; docs/learning.md, "Longer RL on the teacher-0.7 warm-starts"). Every
+minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.137 -> 0.241, paired
+gain +0.104 +- 0.014 on seed 0, at the +0.10 aimed for rather than clear of it; 0.112 -> 0.231,
++0.119 +- 0.015 on seed 1; docs/learning.md, "Longer RL on the teacher-0.7 warm-starts"). Every
 field of `agentic_grpo.config.TrainConfig` is present, so any can be overridden from the command
 line, e.g. `--config.rl.group_size=8`.
 

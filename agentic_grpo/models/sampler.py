@@ -1,10 +1,11 @@
 """Batched autoregressive sampling with a KV cache, under one `jax.jit`.
 
 `sample` runs a prefill over the right-padded prompts of `N = B·G` rows
-(ragged lengths), then single-token decode steps (`lax.while_loop`s, one per
-cache-length segment: see `decode_segments`) until every row has stopped or
-`max_new_tokens` tokens were generated; with `compact_to`, the rows still generating
-once few are go on alone.
+(ragged lengths), then single-token decode steps (`lax.while_loop`s: one per
+cache-length segment of `decode_segments` when the cache at least doubles over the
+decode, else one) until every row has stopped or `max_new_tokens` tokens were
+generated; with `compact_to`, once at most that many rows are still generating, they
+go on alone.
 Tokens are drawn from `softmax(core.logprobs.transform_logits(logits))`
 (vocabulary limit, temperature, top-k, top-p) or taken greedily (the argmax of
 the same transformed logits: an id at or past `transform.vocab_limit`, a padded
@@ -244,7 +245,8 @@ def decode_segments(prompt_width: int, max_new_tokens: int, segments: int = 4) -
   """Cache slots of each decode segment: `P + k * C` up to `P + T`, `C` about `T / segments`.
 
   `C` is rounded up to a multiple of 8, so that short completions get fewer segments (each is
-  compiled separately). The last entry is `P + T`.
+  compiled separately). The last entry is `P + T`. The static sampler decodes in these
+  segments when `T >= P` (the cache at least doubles), else in one.
 
   Raises:
     ValueError: a non-positive width, token count or segment count.
