@@ -100,7 +100,6 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.rl.buckets = (256, 448)
     c.rl.packed_buckets = (512,)  # one packed row length (the default task's reason)
     c.rl.update_chunk_rows = 4  # updates of 1-64 packed rows: chunks of 4
-    c.rl.sampler_compact_to = 32  # the default task's decode compaction (its reason)
     c.warmstart.seq_len = 448
     c.warmstart.steps = 300
     # A smaller RL step than the default task's 1e-4: a first full-budget seed at 1e-4 lost

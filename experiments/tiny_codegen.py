@@ -4,7 +4,7 @@
 (stage rewards with provisional updates, retroactive corrections), budgeted to finish within 10
 minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.137 -> 0.241, paired
 gain +0.104 +- 0.014 on seed 0, at the +0.10 aimed for rather than clear of it; 0.112 -> 0.231,
-+0.119 +- 0.015 on seed 1; docs/learning.md, "Longer RL on the teacher-0.7 warm-starts"). Every
++0.119 +- 0.015 on seed 1; docs/learning.md, "With the sampler's decode compaction"). Every
 field of `agentic_grpo.config.TrainConfig` is present, so any can be overridden from the command
 line, e.g. `--config.rl.group_size=8`.
 

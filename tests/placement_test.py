@@ -328,8 +328,22 @@ class ShardedModelTest(parameterized.TestCase):
     mesh = parallel.make_mesh(shape)
     shardings = sampler.sampler_shardings(_CONFIG, mesh)
     params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
-    out = jax.device_get(sampler.sample(graphdef, params, prompts, lengths, jax.random.key(3),
-                                        shardings=shardings, compact_to=compact_to, **kwargs))
+    ran = []
+    real_apply = transformer.apply
+
+    def spy(graphdef, params, tokens, *args, **kwargs):
+      if tokens.shape[1] == 1:  # a decode step's body
+        width = tokens.shape[0]
+        jax.debug.callback(lambda: ran.append(width))
+      return real_apply(graphdef, params, tokens, *args, **kwargs)
+
+    sampler._sharded_jit.cache_clear()
+    with mock.patch.object(transformer, "apply", spy):
+      out = jax.device_get(sampler.sample(graphdef, params, prompts, lengths,
+                                          jax.random.key(3), shardings=shardings,
+                                          compact_to=compact_to, **kwargs))
+    jax.effects_barrier()
+    self.assertIn(compact_to, ran)  # steps ran at the compacted width
     np.testing.assert_array_equal(out.tokens, want.tokens)
     np.testing.assert_array_equal(out.lengths, want.lengths)
     np.testing.assert_array_equal(out.finish_reason, want.finish_reason)

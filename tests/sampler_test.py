@@ -479,28 +479,37 @@ class CompactionTest(parameterized.TestCase):
     compact = jax.device_get(_sample(prompts, lengths, compact_to=compact_to, **kwargs))
     chex.assert_trees_all_equal(compact, whole)
 
-  def test_one_decode_loop_more_at_the_compacted_width(self):
-    # Prompts of 12 and 8 new tokens: the cache does not double, one decode loop (one segment)
-    # of all 16 rows; compaction adds one loop of 4 rows.
+  @parameterized.named_parameters(("one_segment", 8, 4), ("three_segments", 16, 4),
+                                  ("three_segments_to_2", 16, 2))
+  def test_decode_steps_run_at_the_compacted_width(self, new_tokens, compact_to):
+    # Traced: one decode loop body per segment of all 16 rows (prompts of 12: 8 new tokens do
+    # not double the cache, one segment; 16 do, 2 segments), and one of `compact_to` rows.
+    # Run: every row at each step until at most `compact_to` rows are undone (before step i,
+    # the rows longer than i are), then those rows alone until the longest ends.
     prompts, lengths = _ragged_prompts()
-    graphdef, params = _model()
     real_apply = transformer.apply
-    for compact_to, want in ((0, [16]), (4, [16, 4])):
-      widths = []
+    traced, ran = [], []
 
-      def spy(graphdef, params, tokens, *args, **kwargs):
-        if tokens.shape[1] == 1:  # a decode step's body
-          widths.append(tokens.shape[0])
-        return real_apply(graphdef, params, tokens, *args, **kwargs)
+    def spy(graphdef, params, tokens, *args, **kwargs):
+      if tokens.shape[1] == 1:  # a decode step's body
+        width = tokens.shape[0]
+        traced.append(width)
+        jax.debug.callback(lambda: ran.append(width))
+      return real_apply(graphdef, params, tokens, *args, **kwargs)
 
-      jitted = jax.jit(sampler._sample_impl, static_argnames=sampler._STATIC_ARGNAMES)
-      with mock.patch.object(transformer, "apply", spy):
-        jitted.lower(graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths),
-                     jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
-                     jnp.full((16, 1), 1, jnp.int32), jnp.full((16, 1, 1), -1, jnp.int32),
-                     jnp.int32(0), max_new_tokens=8, top_k=0, greedy=False, use_top_p=False,
-                     compact_to=compact_to)
-      self.assertEqual(widths, want, compact_to)
+    fresh = jax.jit(sampler._sample_impl, static_argnames=sampler._STATIC_ARGNAMES)
+    with mock.patch.object(transformer, "apply", spy), \
+         mock.patch.object(sampler, "_SAMPLE_JIT", fresh):
+      out = jax.device_get(_sample(prompts, lengths, temperature=1.0, stop_token_ids=_STOPS,
+                                   max_new_tokens=new_tokens, rng=jax.random.key(22),
+                                   compact_to=compact_to))
+    jax.effects_barrier()
+    segments = len(sampler.decode_segments(12, new_tokens)) if new_tokens >= 12 else 1
+    self.assertEqual(traced, [16] * segments + [compact_to])
+    longest = np.sort(out.lengths)[::-1]
+    self.assertLess(longest[compact_to], longest[0])
+    self.assertEqual(ran.count(16), longest[compact_to] - 1)
+    self.assertEqual(ran.count(compact_to), longest[0] - longest[compact_to])
 
   @parameterized.parameters(-1, 1.5, True)
   def test_bad_compact_to(self, compact_to):

@@ -24,8 +24,8 @@ pad or EOS (which may be equal).
 Shapes are static per call: prompts are padded to a bucket (powers of two by
 default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
 `vocab_limit`, `greedy` (traced in the sharded program: greedy and sampled calls share
-it), whether top-p is on, and stop-table shapes reuse one compiled program; `temperature`,
-the `top_p` value, the RNG and the stop ids are traced.
+it), whether top-p is on, `compact_to` and stop-table shapes reuse one compiled program;
+`temperature`, the `top_p` value, the RNG and the stop ids are traced.
 
 Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
 `sampler_shardings`) the sampler is jitted with explicit
@@ -529,15 +529,17 @@ def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, pl
 
 
 # Long by design: one traced program, read top to bottom (prefill, the first token, the segmented
-# decode); its closures `place` and `step` share the traced shapes, row keys and stop tables, which
-# as separate functions would each take a dozen arguments.
+# decode, the compacted decode); its closures `place`, `step` and `decode` share the traced
+# shapes and transform, which as separate functions would each take a dozen arguments (the
+# per-row constants reach them as `_DecodeRows`, gathered when the decode is compacted).
 def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
                  stop_ids, stop_seqs, pad_id, shared=None, *, max_new_tokens, top_k, greedy,
                  use_top_p, vocab_limit=0, cache_shardings=None, compact_to=0):
   """Jitted body of `sample`; see there.
 
-  `cache_shardings`: None, or `(n, slots) -> KVCache` of shardings that the
-  prefill and decode caches are constrained to. `shared`: None (`prompts` are the
+  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings that the
+  prefill and decode caches are constrained to (`rows` the cache's own: the n rows, the
+  shared prefill's groups, or the compacted decode's `compact_to`). `shared`: None (`prompts` are the
   whole prompts), or the shared-prefix prefill's `(group_prompts [n / G, Pa],
   shared_lengths [n / G])`, `prompts` then holding each row's suffix `[n, Pb]` after its
   group's shared prefix and `prompt_lengths` the whole prompts' lengths (`sample`'s
@@ -665,7 +667,8 @@ def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, to
                  use_top_p: bool, vocab_limit: int, groups: Optional[int] = None,
                  compact_to: int = 0):
   """`_sample_impl` jitted with explicit in/out shardings for `n` global rows (and `groups`
-  global groups of a shared-prefix prefill, None without one).
+  global groups of a shared-prefix prefill, None without one; `compact_to` global rows
+  decoded on alone, `sample`'s).
 
   `greedy` is a traced (replicated) bool argument here, not a static one: greedy and sampled
   calls of the same shapes share one program (a run's evaluation compiles 8 sampler programs
@@ -748,14 +751,17 @@ def sample(
       token slots than the whole prompts would (else, and at 1, the plain
       prefill). Same tokens and log-probs up to float rounding. Single-process
       only.
-    compact_to: decode compaction, static (0 = off; ignored unless below N): once at most
-      `compact_to` rows are still generating, those rows alone (gathered with their cache,
-      keys and stop tables) are decoded on, so that a step computes `compact_to` rows instead
-      of N; their outputs are written back to their rows. A call's longest completion sets
-      its decode steps while most rows stop early (sampled completions of the default's
-      stages: 10 tokens on average, 31 the longest of 128), so this about halves the decode's
-      row-steps there. Same tokens and log-probs up to float rounding (each row keeps its
-      key). One more decode loop to compile.
+    compact_to: decode compaction, static (0 = off; ignored unless below the global row
+      count, `N * process_count` with `shardings`): once at most `compact_to` rows are still
+      generating, those rows alone (gathered with their cache, keys and stop tables) are
+      decoded on, so that a step computes `compact_to` rows instead of all; their outputs are
+      written back to their rows. A call's longest completion sets its decode steps while
+      most rows stop early (sampled completions of the default's stages: 10 tokens on
+      average, 31 the longest of 128), so this about halves the decode's row-steps there.
+      Same tokens and log-probs up to float rounding (each row keeps its key). One more
+      decode loop to compile. Independently of it, the decode runs in the cache-length
+      segments of `decode_segments` only when `max_new_tokens >= P` (the cache at least
+      doubles), else in one.
 
   Returns:
     `SampleOutput` with `[N, max_new_tokens]` tokens and log-probs, `[N]`

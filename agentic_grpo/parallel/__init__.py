@@ -7,8 +7,9 @@
 * `collectives`: the multi-process runtime (`initialize_distributed`), host
   collectives (`host_allgather`, `allgather_json`, `fetch`, `sync_processes`,
   `broadcast_from_primary`), the process questions (`process_count`, `process_index`,
-  `is_primary`: the package asks them here, nowhere else) and the peer-failure
-  timeout around them (`peer_watchdog`).
+  `is_primary`: the package asks them here, nowhere else).
+* `peer_watch`: the peer-failure timeout around the collectives (`peer_watchdog`), the
+  heartbeat and the report naming the failed peers.
 
 Model placement (parameters, optimizer state, KV cache) is `models/placement.py`.
 """
@@ -25,12 +26,10 @@ from agentic_grpo.parallel.collectives import ENV_COORDINATOR
 from agentic_grpo.parallel.collectives import ENV_DISTRIBUTED
 from agentic_grpo.parallel.collectives import ENV_NUM_PROCESSES
 from agentic_grpo.parallel.collectives import ENV_PROCESS_ID
-from agentic_grpo.parallel.collectives import EXIT_PEER_FAILURE
 from agentic_grpo.parallel.collectives import fetch
 from agentic_grpo.parallel.collectives import host_allgather
 from agentic_grpo.parallel.collectives import initialize_distributed
 from agentic_grpo.parallel.collectives import is_primary
-from agentic_grpo.parallel.collectives import peer_watchdog
 from agentic_grpo.parallel.collectives import process_count
 from agentic_grpo.parallel.collectives import process_index
 from agentic_grpo.parallel.collectives import process_slice
@@ -47,3 +46,5 @@ from agentic_grpo.parallel.mesh import resolve_mesh_shape
 from agentic_grpo.parallel.mesh import Rules
 from agentic_grpo.parallel.mesh import rules_from_config
 from agentic_grpo.parallel.mesh import tree_shardings
+from agentic_grpo.parallel.peer_watch import EXIT_PEER_FAILURE
+from agentic_grpo.parallel.peer_watch import peer_watchdog

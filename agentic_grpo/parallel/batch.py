@@ -20,6 +20,7 @@ import numpy as np
 
 from agentic_grpo.parallel import collectives
 from agentic_grpo.parallel import mesh as mesh_lib
+from agentic_grpo.parallel import peer_watch
 
 
 def _batch_axes(mesh: mesh_lib.MeshLike, rules: Optional[mesh_lib.Rules]) -> tuple[str, ...]:
@@ -104,7 +105,7 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh,
   Raises:
     ValueError: leaves whose row counts differ between processes (raised
       by JAX in `process_allgather`, naming the shapes; with a collective
-      timeout the process ends instead, see `collectives.peer_watchdog`).
+      timeout the process ends instead, see `peer_watch.peer_watchdog`).
   """
   n_proc = jax.process_count()
 
@@ -116,7 +117,7 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh,
     sharding = batch_sharding(mesh, global_shape, rules)
     if n_proc == 1 or _own_row_blocks(sharding, global_shape) is not None:
       return jax.make_array_from_process_local_data(sharding, x, global_shape)
-    with collectives.peer_watchdog("shard_batch"):
+    with peer_watch.peer_watchdog("shard_batch"):
       everything = np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return jax.make_array_from_process_local_data(sharding, everything, global_shape)
 
@@ -151,7 +152,7 @@ def local_rows(tree: Any) -> Any:
   sharding) this gives back the `[n / process_count, ...]` rows the process contributed, in
   the order it contributed them. With one process it is `jax.device_get`; host arrays are
   returned as they are. With several, every process must call it at the same point (it waits
-  on programs that span processes, under `collectives.peer_watchdog`).
+  on programs that span processes, under `peer_watch.peer_watchdog`).
 
   Raises:
     ValueError: a leaf whose row count is not a multiple of the process count.
@@ -178,5 +179,5 @@ def local_rows(tree: Any) -> Any:
     everything = collectives.fetch(x)  # rows split further along other dimensions
     return np.concatenate([everything[a:b] for a, b in blocks])
 
-  with collectives.peer_watchdog("local_rows"):  # waits on programs that span processes
+  with peer_watch.peer_watchdog("local_rows"):  # waits on programs that span processes
     return jax.tree.map(get, tree)
