@@ -12,6 +12,7 @@ import numpy as np
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
+from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
 from tests.fixtures import sampling_model
 
@@ -190,14 +191,14 @@ class PaddedVocabTest(parameterized.TestCase):
       def __init__(self, vocab_size):
         self.vocab_size = vocab_size
 
-    self.assertEqual(sampler.sampleable_vocab(_Tok(330), 336), 330)
-    self.assertEqual(sampler.sampleable_vocab(_Tok(336), 336), 0)  # no padded rows
+    self.assertEqual(sampling_rules.sampleable_vocab(_Tok(330), 336), 330)
+    self.assertEqual(sampling_rules.sampleable_vocab(_Tok(336), 336), 0)  # no padded rows
     with self.assertRaisesRegex(ValueError, "more than the model's embedding"):
-      sampler.sampleable_vocab(_Tok(337), 336)
+      sampling_rules.sampleable_vocab(_Tok(337), 336)
     with self.assertRaisesRegex(ValueError, "tokenizer.vocab_size"):
-      sampler.sampleable_vocab(object(), 336)
+      sampling_rules.sampleable_vocab(object(), 336)
     with self.assertRaisesRegex(ValueError, "model_vocab_size"):
-      sampler.sampleable_vocab(_Tok(3), 0)
+      sampling_rules.sampleable_vocab(_Tok(3), 0)
 
 
 class StopAndMaskTest(parameterized.TestCase):
@@ -284,9 +285,9 @@ class StopAndMaskTest(parameterized.TestCase):
       def encode(self, s):
         return list(s.encode())
 
-    self.assertEqual(sampler.encode_stop_strings(_Bytes(), ["ab", "\n"]), [[97, 98], [10]])
+    self.assertEqual(sampling_rules.encode_stop_strings(_Bytes(), ["ab", "\n"]), [[97, 98], [10]])
     with self.assertRaisesRegex(ValueError, "non-empty"):
-      sampler.encode_stop_strings(_Bytes(), [""])
+      sampling_rules.encode_stop_strings(_Bytes(), [""])
 
 
 class CompileTest(absltest.TestCase):

@@ -289,7 +289,7 @@ class RLSection:
     """The behaviour policy's sampling transform (`temperature` overrides `rl.temperature`).
 
     `vocab_limit`: ids at or past it are never sampled (the padded embedding rows of a model
-    larger than its tokenizer: `models.sampler.sampleable_vocab`); 0 = none.
+    larger than its tokenizer: `models.sampling_rules.sampleable_vocab`); 0 = none.
     """
     return core_types.SamplingTransform(
         self.temperature if temperature is None else temperature, self.top_k, self.top_p,

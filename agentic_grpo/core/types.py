@@ -160,7 +160,7 @@ class SamplingTransform:
       masked before everything else), 0 disables. A model whose embedding has more rows than
       its tokenizer has ids (real Qwen2.5 / Qwen3 checkpoints pad 151,665 ids to 151,936
       rows) is sampled, trained and evaluated with `vocab_limit` = the tokenizer's vocabulary
-      (`models.sampler.sampleable_vocab`), so that no id the tokenizer cannot decode is
+      (`models.sampling_rules.sampleable_vocab`), so that no id the tokenizer cannot decode is
       drawn and the learner's log-probs are normalised over the same ids as the sampler's.
 
   Raises:

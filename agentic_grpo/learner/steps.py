@@ -157,7 +157,7 @@ def make_update_step(graphdef: nnx.GraphDef, cfg: Any,
     optimizer: from `make_optimizer`.
     shardings: in/out shardings; replicated on one device by default.
     vocab_limit: the sampler's `SamplingTransform.vocab_limit` (the tokenizer's vocabulary
-      when the embedding has padded rows: `models.sampler.sampleable_vocab`; 0 = none):
+      when the embedding has padded rows: `models.sampling_rules.sampleable_vocab`; 0 = none):
       log-probs, the KL term and the entropy are over the same ids the sampler draws from,
       so that the importance ratio is 1 on policy.
 

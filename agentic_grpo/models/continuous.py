@@ -24,17 +24,17 @@ end and returned in request order. Two bounds keep a decode step's cost near the
   requests move into a state of half as many slots (a power of two, down to `min_slots`), so
   that the slowest requests no longer step all `S` slots.
 
-It returns a `sampler.SampleOutput` with
-the fields and semantics of `sampler.sample`: same checks (`sampler.check_requests`), stop ids
-and stop sequences (`sampler.stop_hits`), transform and token draw (`sampler.draw_tokens`),
-lengths including the stop token(s), pad past the length, behaviour log-probs under the
-transform (what `transformer.sequence_logprobs` over `sampler.join_prompt_completion`
-recomputes). Determinism: request `r` draws with the key `jax.random.split(rng, N)[r]` folded
-with its step index, as row `r` of the static sampler does, so its tokens do not depend on
-which slot it got or when. Static and continuous batching give the same greedy tokens, and the
-same sampled tokens for the same key, up to float rounding (a prefill padded to another width,
-attention over a cache of another length: the log-probs agree to about 1e-6, and a token
-differs only where two candidates are that close).
+It returns a `sampler.SampleOutput` with the fields and semantics of `sampler.sample`: same
+checks (`sampling_rules.check_requests`), stop ids and stop sequences
+(`sampling_rules.stop_hits`), transform and token draw (`sampling_rules.draw_tokens`), lengths
+including the stop token(s), pad past the length, behaviour log-probs under the transform (what
+`transformer.sequence_logprobs` over `sampler.join_prompt_completion` recomputes). Determinism:
+request `r` draws with the key `jax.random.split(rng, N)[r]` folded with its step index, as row
+`r` of the static sampler does, so its tokens do not depend on which slot it got or when. Static
+and continuous batching give the same greedy tokens, and the same sampled tokens for the same
+key, up to float rounding (a prefill padded to another width, attention over a cache of another
+length: the log-probs agree to about 1e-6, and a token differs only where two candidates are
+that close).
 
 Shapes are static per program: slots (`S` and its halvings down to `min_slots`), cache
 widths (`cache_widths`, at most 8 + 1), prefill batches of a power of two requests and prompts
@@ -87,6 +87,7 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.models import continuous_programs as programs_lib
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
+from agentic_grpo.models import sampling_rules
 
 DEFAULT_SLOTS = 64
 DEFAULT_MIN_SLOTS = 8
@@ -182,7 +183,7 @@ class _Plan(NamedTuple):
   mismatches: int
 
 
-def _plan_prefixes(req: sampler.Requests, pool, prefix_keys, reuse_prefix: str,
+def _plan_prefixes(req: sampling_rules.Requests, pool, prefix_keys, reuse_prefix: str,
                    version: int) -> _Plan:
   n = req.prompts.shape[0]
   entries = [None] * n
@@ -343,7 +344,7 @@ def sample_with_stats(
   steps_per_call = _positive_int("steps_per_call", steps_per_call)
   refill_batch = max(1, s // 16) if refill_batch is None else _positive_int(
       "refill_batch", refill_batch)
-  req = sampler.check_requests(graphdef, params, prompts, prompt_lengths,
+  req = sampling_rules.check_requests(graphdef, params, prompts, prompt_lengths,
                                max_new_tokens=max_new_tokens, transform=transform,
                                stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
   min_slots = _positive_int("min_slots", min_slots)

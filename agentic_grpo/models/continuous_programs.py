@@ -43,6 +43,7 @@ import numpy as np
 
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
+from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
 
 DEFAULT_STEPS_PER_CALL = 32
@@ -163,9 +164,9 @@ def _prefill_impl(graphdef, params, prompts, prompt_lengths, keys, temperature, 
 
 def _first_token(cache, logits, transform, keys, stop_ids, stop_seqs, greedy) -> Prefix:
   """The `Prefix` of a prefilled `cache` whose last prompt tokens gave `logits [B, V]`."""
-  tok, lp = sampler.draw_tokens(logits, transform, keys, 0, greedy)
+  tok, lp = sampling_rules.draw_tokens(logits, transform, keys, 0, greedy)
   window = jnp.full((tok.shape[0], stop_seqs.shape[-1]), -2, jnp.int32).at[:, -1].set(tok)
-  hit = sampler.stop_hits(tok, window, stop_ids, stop_seqs)
+  hit = sampling_rules.stop_hits(tok, window, stop_ids, stop_seqs)
   return Prefix(cache=cache, tokens=tok, logprobs=lp, window=window, hit=hit)
 
 
@@ -213,7 +214,7 @@ def prefill(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
     prompt_lengths: `[B]` int32 in `[1, P]` (not checked here: `sample` checks).
     keys: `[B]` the requests' row keys (`jax.random.split(rng, N)[request]`).
     stop_ids: `[B, K]` int32, stop_seqs: `[B, M, L]` int32 (`sampler` tables).
-    transform: the sampling transform; its `vocab_limit` as `sampler.check_requests`
+    transform: the sampling transform; its `vocab_limit` as `sampling_rules.check_requests`
       compiles it (0 for the whole vocabulary).
     greedy: argmax instead of a draw.
 
@@ -317,11 +318,11 @@ def _generate_impl(graphdef, params, state: SlotState, temperature, top_p, min_f
     # A done (or empty) slot keeps its index: it rewrites one slot past its content.
     cache = cache._replace(index=jnp.where(live, cache.index, st.cache.index))
     cache = _constrain(cache, cache_sharding)
-    tok, lp = sampler.draw_tokens(logits[:, 0], transform, st.keys, st.steps, greedy)
+    tok, lp = sampling_rules.draw_tokens(logits[:, 0], transform, st.keys, st.steps, greedy)
     at = (jnp.arange(t_max)[None] == st.steps[:, None]) & live[:, None]
     window = jnp.where(live[:, None], jnp.concatenate([st.window[:, 1:], tok[:, None]], 1),
                        st.window)
-    hit = live & sampler.stop_hits(tok, window, st.stop_ids, st.stop_seqs)
+    hit = live & sampling_rules.stop_hits(tok, window, st.stop_ids, st.stop_seqs)
     new_steps = jnp.where(live, st.steps + 1, st.steps)
     return k + 1, st._replace(
         cache=cache, tokens=jnp.where(at, tok[:, None], st.tokens),
@@ -346,7 +347,7 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState, *,
   """Up to `steps` decode steps of every slot (jitted per `steps`; `state` is donated).
 
   Each step feeds every live slot its last token at its own position and draws the next
-  (`sampler.draw_tokens` with the slot's key and step); a slot is done at a stop id, a stop
+  (`sampling_rules.draw_tokens` with the slot's key and step); a slot is done at a stop id, a stop
   sequence, or `T` tokens. The call also ends once a live slot has written the cache's last
   position (`sample` then widens the cache).
 

@@ -48,9 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import parallel
-from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
+from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
 
 FINISH_STOP = 0
@@ -178,53 +178,6 @@ def join_prompt_completion(
   return tokens.astype(jnp.int32), positions, in_prompt | in_completion, in_completion
 
 
-def sampleable_vocab(tokenizer, model_vocab_size: int) -> int:
-  """The `SamplingTransform.vocab_limit` of a model run with `tokenizer`.
-
-  A model's embedding may have more rows than its tokenizer has ids (Qwen2.5 / Qwen3 pad
-  151,665 ids to 151,936 rows, for sharding); ids past the tokenizer's vocabulary cannot be
-  decoded and must never be sampled.
-
-  Args:
-    tokenizer: a `ByteTokenizer` or `HFTokenizer` (anything with an int `vocab_size`).
-    model_vocab_size: the model's embedding rows (`ModelConfig.vocab_size`).
-
-  Returns:
-    `tokenizer.vocab_size` when it is smaller than `model_vocab_size` (the padded rows are
-    masked), else 0 (no limit: every model id is a tokenizer id).
-
-  Raises:
-    ValueError: the tokenizer has more ids than the model has rows, or a size is not a
-      positive int.
-  """
-  vocab = getattr(tokenizer, "vocab_size", None)
-  for name, value in (("tokenizer.vocab_size", vocab), ("model_vocab_size", model_vocab_size)):
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
-  if vocab > model_vocab_size:
-    raise ValueError(f"the tokenizer has {vocab} ids, more than the model's embedding "
-                     f"({model_vocab_size} rows)")
-  return int(vocab) if vocab < model_vocab_size else 0
-
-
-def encode_stop_strings(tokenizer, stop_strings: Sequence[str]) -> list[list[int]]:
-  """Token sequences of stop strings, for `sample(stop_sequences=...)`.
-
-  A row stops when its generated ids end with one of these sequences. With the
-  byte tokenizer a string has one encoding; with a BPE tokenizer only the
-  canonical encoding of the string is matched.
-
-  Raises:
-    ValueError: an empty stop string.
-  """
-  out = []
-  for s in stop_strings:
-    if not s:
-      raise ValueError(f"stop strings must be non-empty, got {s!r}")
-    out.append(list(tokenizer.encode(s)))
-  return out
-
-
 def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) -> int:
   """The padded prompt width `sample` uses for a longest prompt of `length` tokens.
 
@@ -329,172 +282,6 @@ def _round_up(x: int, m: int) -> int:
   return max(m, -(-x // m) * m)
 
 
-def _stop_id_table(stop_token_ids, n: int) -> np.ndarray:
-  """`[N, K]` int32 table, -1 padded; K rounded up to a multiple of 4."""
-  if stop_token_ids is None:
-    rows = [[] for _ in range(n)]
-  else:
-    arr = stop_token_ids
-    if isinstance(arr, (np.ndarray, jax.Array)):
-      arr = np.asarray(arr)
-      if arr.ndim == 1:
-        rows = [arr.tolist()] * n
-      elif arr.ndim == 2 and arr.shape[0] == n:
-        rows = [r[r >= 0].tolist() for r in arr]
-      else:
-        raise ValueError(f"stop_token_ids must be [K] or [N={n}, K], got shape {arr.shape}")
-    elif len(arr) and isinstance(arr[0], (list, tuple, np.ndarray)):
-      if len(arr) != n:
-        raise ValueError(f"per-row stop_token_ids must have {n} rows, got {len(arr)}")
-      rows = [list(r) for r in arr]
-    else:
-      rows = [list(arr)] * n
-  k = _round_up(max(len(r) for r in rows), 4)
-  table = np.full((n, k), -1, np.int32)
-  for i, r in enumerate(rows):
-    table[i, :len(r)] = r
-  return table
-
-
-def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
-  """`[N, M, L]` int32 table, right-aligned, -1 padded; M, L rounded up (2, 8)."""
-  if stop_sequences is None:
-    rows = [[] for _ in range(n)]
-  elif len(stop_sequences) and len(stop_sequences[0]) and isinstance(
-      stop_sequences[0][0], (list, tuple, np.ndarray)):
-    if len(stop_sequences) != n:
-      raise ValueError(f"per-row stop_sequences must have {n} rows, got {len(stop_sequences)}")
-    rows = [[list(s) for s in r] for r in stop_sequences]
-  else:
-    rows = [[list(s) for s in stop_sequences]] * n
-  for r in rows:
-    for s in r:
-      if not s:
-        raise ValueError("stop_sequences must not contain an empty sequence")
-  m = _round_up(max(len(r) for r in rows), 2)
-  length = _round_up(max([len(s) for r in rows for s in r] or [1]), 8)
-  table = np.full((n, m, length), -1, np.int32)
-  for i, r in enumerate(rows):
-    for j, s in enumerate(r):
-      table[i, j, length - len(s):] = s
-  return table
-
-
-def draw_tokens(logits: jax.Array, transform: core_types.SamplingTransform, keys: jax.Array,
-                step: jax.Array, greedy: bool) -> tuple[jax.Array, jax.Array]:
-  """The next token of each row and its behaviour log-prob (traced; used by the decode loops).
-
-  Args:
-    logits: `[N, V]` float32 logits of each row's next token.
-    transform: the `SamplingTransform` (`core.logprobs.transform_logits`).
-    keys: `[N]` row keys (`jax.random.split(rng, n)[row]`); unused when `greedy`.
-    step: int32, the index of the token drawn in its row's completion: a scalar (every row
-      at the same step) or `[N]`; the row key is folded with it.
-    greedy: the argmax of the transformed logits instead of a draw: a Python bool (static), or
-      a traced bool scalar (both are computed and one is selected, so that one program serves
-      greedy and sampled calls).
-
-  Returns:
-    `(tokens [N] int32, logprobs [N] float32)`, the log-probs under the same transform
-    (identical to `core.logprobs.token_logprobs`).
-  """
-  x = logprobs_lib.transform_logits(logits, transform)
-  if isinstance(greedy, bool) and greedy:
-    tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
-  else:
-    steps = jnp.asarray(step, jnp.int32)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None if steps.ndim == 0 else 0))(
-        keys, steps)
-    tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
-    if not isinstance(greedy, bool):  # traced: one program for both
-      tok = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), tok)
-  lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
-  return tok, lp
-
-
-def stop_hits(tokens: jax.Array, window: jax.Array, stop_ids: jax.Array,
-              stop_seqs: jax.Array) -> jax.Array:
-  """`[N]` bool: the row's new token is a stop id or ends one of its stop sequences (traced).
-
-  Args:
-    tokens: `[N]` int32, each row's new token.
-    window: `[N, L]` int32, each row's last `L` generated tokens ending with `tokens`
-      (-2 where fewer were generated), `L` the width of `stop_seqs`.
-    stop_ids: `[N, K]` int32 (`_stop_id_table`, -1 padded).
-    stop_seqs: `[N, M, L]` int32 (`_stop_seq_table`, right-aligned, -1 padded).
-  """
-  seq_real = stop_seqs >= 0
-  seq_nonempty = jnp.any(seq_real, axis=-1)  # [N, M]
-  seq_hit = jnp.all(~seq_real | (window[:, None, :] == stop_seqs), axis=-1) & seq_nonempty
-  return jnp.any(tokens[:, None] == stop_ids, axis=-1) | jnp.any(seq_hit, axis=-1)
-
-
-class Requests(NamedTuple):
-  """Checked sampling requests (`check_requests`), as host arrays.
-
-  Attributes:
-    prompts: `[N, P]` int32, as given (not yet padded to a bucket).
-    prompt_lengths: `[N]` int32, each in `[1, P]`.
-    stop_ids: `[N, K]` int32 stop id table.
-    stop_seqs: `[N, M, L]` int32 stop sequence table.
-    vocab_limit: the static vocabulary limit to compile (0: none).
-    config: the model's `ModelConfig`.
-  """
-  prompts: np.ndarray
-  prompt_lengths: np.ndarray
-  stop_ids: np.ndarray
-  stop_seqs: np.ndarray
-  vocab_limit: int
-  config: transformer.ModelConfig
-
-
-def check_requests(graphdef, params, prompts, prompt_lengths, *, max_new_tokens: int,
-                   transform: core_types.SamplingTransform, stop_token_ids=None,
-                   stop_sequences=None) -> Requests:
-  """Checks the arguments of a sampling call and builds its stop tables.
-
-  The checks of `sample` (and of `models.continuous.sample`); the arguments are `sample`'s.
-
-  Raises:
-    ValueError: as `sample`.
-  """
-  prompts = np.asarray(prompts)
-  prompt_lengths = np.asarray(prompt_lengths)
-  if prompts.ndim != 2:
-    raise ValueError(f"prompts must be [N, P], got shape {prompts.shape}")
-  n, width = prompts.shape
-  if prompt_lengths.shape != (n,):
-    raise ValueError(f"prompt_lengths must be [N={n}], got shape {prompt_lengths.shape}")
-  if n == 0 or np.any(prompt_lengths < 1) or np.any(prompt_lengths > width):
-    raise ValueError(f"prompt_lengths must be in [1, {width}], got {prompt_lengths.tolist()}")
-  if (not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool)
-      or max_new_tokens < 1):
-    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-  if not isinstance(transform, core_types.SamplingTransform):
-    raise ValueError(f"transform must be a SamplingTransform, got {type(transform).__name__}")
-  config = nnx.merge(graphdef, params).config
-  longest = int(prompt_lengths.max())
-  if longest + max_new_tokens > config.max_seq_len:
-    raise ValueError(
-        f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
-        f"max_seq_len {config.max_seq_len}")
-  stop_ids = _stop_id_table(stop_token_ids, n)
-  stop_seqs = _stop_seq_table(stop_sequences, n)
-  if transform.vocab_limit > config.vocab_size:
-    raise ValueError(f"transform.vocab_limit ({transform.vocab_limit}) must be at most the "
-                     f"model's vocab_size ({config.vocab_size})")
-  sampleable = transform.vocab_limit or config.vocab_size
-  # A limit of the whole vocabulary masks nothing: compile it as no limit.
-  vocab_limit = int(transform.vocab_limit) if sampleable < config.vocab_size else 0
-  for name, table in (("stop_token_ids", stop_ids), ("stop_sequences", stop_seqs)):
-    if np.any(table >= sampleable) or np.any(table < -1):
-      raise ValueError(f"{name} must be ids in [0, {sampleable}) (the sampleable ids), got "
-                       f"{table.tolist()}")
-  return Requests(prompts=prompts.astype(np.int32), prompt_lengths=prompt_lengths.astype(np.int32),
-                  stop_ids=stop_ids, stop_seqs=stop_seqs, vocab_limit=vocab_limit,
-                  config=config)
-
-
 def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place):
   """The shared-prefix prefill (`sample`'s `prefix_group`): each group's shared prefix once,
   its cache copied to the group's rows, then each row's suffix after it.
@@ -537,13 +324,12 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
                  use_top_p, vocab_limit=0, cache_shardings=None, compact_to=0):
   """Jitted body of `sample`; see there.
 
-  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings that the
-  prefill and decode caches are constrained to (`rows` the cache's own: the n rows, the
-  shared prefill's groups, or the compacted decode's `compact_to`). `shared`: None (`prompts` are the
-  whole prompts), or the shared-prefix prefill's `(group_prompts [n / G, Pa],
-  shared_lengths [n / G])`, `prompts` then holding each row's suffix `[n, Pb]` after its
-  group's shared prefix and `prompt_lengths` the whole prompts' lengths (`sample`'s
-  `prefix_group`).
+  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings that the prefill and
+  decode caches are constrained to (`rows` the cache's own: the n rows, the shared prefill's
+  groups, or the compacted decode's `compact_to`). `shared`: None (`prompts` are the whole
+  prompts), or the shared-prefix prefill's `(group_prompts [n / G, Pa], shared_lengths
+  [n / G])`, `prompts` then holding each row's suffix `[n, Pb]` after its group's shared
+  prefix and `prompt_lengths` the whole prompts' lengths (`sample`'s `prefix_group`).
   """
   config = nnx.merge(graphdef, params).config
   n, p = prompts.shape
@@ -579,13 +365,13 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
 
   def step(i, logits_i, state, rows):
     out_tokens, out_lp, history, done, lengths, finish = state
-    tok, lp = draw_tokens(logits_i, transform, rows.keys, i, greedy)
+    tok, lp = sampling_rules.draw_tokens(logits_i, transform, rows.keys, i, greedy)
     active = ~done
     out_tokens = out_tokens.at[:, i].set(jnp.where(active, tok, pad_id))
     out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
     history = jax.lax.dynamic_update_slice(history, tok[:, None], (0, seq_len - 1 + i))
     window = jax.lax.dynamic_slice(history, (0, i), (tok.shape[0], seq_len))  # last L tokens
-    hit = stop_hits(tok, window, rows.stop_ids, rows.stop_seqs)
+    hit = sampling_rules.stop_hits(tok, window, rows.stop_ids, rows.stop_seqs)
     lengths = jnp.where(active, i + 1, lengths)
     finish = jnp.where(active & hit, FINISH_STOP, finish)
     done = done | hit
@@ -673,8 +459,8 @@ def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, to
   `greedy` is a traced (replicated) bool argument here, not a static one: greedy and sampled
   calls of the same shapes share one program (a run's evaluation compiles 8 sampler programs
   instead of 12). The draw computes both the argmax and the categorical sample and selects
-  one (`draw_tokens`); tokens and log-probs are bit-identical to the static programs' (tested
-  against recorded outputs of the static sampler)."""
+  one (`sampling_rules.draw_tokens`); tokens and log-probs are bit-identical to the static
+  programs' (tested against recorded outputs of the static sampler)."""
   rows = shardings.rows(n)
   rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
 
@@ -724,7 +510,7 @@ def sample(
       `top_p < 1`) are static, its `temperature` and `top_p` values are
       traced. Give a model whose embedding is larger than its tokenizer
       `vocab_limit` = the tokenizer's vocabulary
-      (`sampleable_vocab`).
+      (`sampling_rules.sampleable_vocab`).
     greedy: take the argmax of the transformed logits instead of sampling
       (never an id at or past `vocab_limit`); log-probs are still those of
       the transformed distribution.
@@ -732,7 +518,7 @@ def sample(
       lists / an `[N, K]` array padded with -1.
     stop_sequences: token sequences that end a row when the generated ids end
       with them: a list of sequences for all rows, or `N` per-row lists of
-      sequences (see `encode_stop_strings`).
+      sequences (see `sampling_rules.encode_stop_strings`).
     pad_id: id written past a row's length (may equal a stop id).
     prompt_buckets: allowed padded prompt widths; the smallest one that holds
       the longest prompt is used. In a multi-process call every process must
@@ -772,9 +558,10 @@ def sample(
   Raises:
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
       tokens longer than the model's `max_seq_len`, non-positive
-      `max_new_tokens`, a `compact_to` that is not an int >= 0, a `transform` that is not a `SamplingTransform`, a
-      `transform.vocab_limit` above the model's vocabulary, stop ids
-      outside the sampleable ids (`[0, vocab_limit or vocab_size)`), or a
+      `max_new_tokens`, a `compact_to` that is not an int >= 0, a `transform`
+      that is not a `SamplingTransform`, a `transform.vocab_limit` above the
+      model's vocabulary, stop ids outside the sampleable ids
+      (`[0, vocab_limit or vocab_size)`), or a
       `prefix_group` that is not a positive divisor of N (or above 1 in a
       multi-process run).
   """
@@ -789,7 +576,7 @@ def sample(
   if prefix_group > 1 and shardings is not None and parallel.process_count() > 1:
     raise ValueError(f"prefix_group={prefix_group}: the shared-prefix prefill is single-process "
                      f"only (the processes would have to agree on its widths); use 1")
-  req = check_requests(graphdef, params, prompts, prompt_lengths,
+  req = sampling_rules.check_requests(graphdef, params, prompts, prompt_lengths,
                        max_new_tokens=max_new_tokens, transform=transform,
                        stop_token_ids=stop_token_ids, stop_sequences=stop_sequences)
   prompts, prompt_lengths = req.prompts, req.prompt_lengths

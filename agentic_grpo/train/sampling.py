@@ -19,6 +19,7 @@ from agentic_grpo import parallel
 from agentic_grpo.models import continuous as continuous_lib
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler as sampler_lib
+from agentic_grpo.models import sampling_rules
 
 
 def vocab_limit(comp) -> int:
@@ -28,7 +29,7 @@ def vocab_limit(comp) -> int:
   The sampler (RL and evaluation), the update step and the warm-start step all use it, so that
   no id the tokenizer cannot decode is drawn and every log-prob is over the same ids.
   """
-  return sampler_lib.sampleable_vocab(comp.tokenizer, comp.model_config.vocab_size)
+  return sampling_rules.sampleable_vocab(comp.tokenizer, comp.model_config.vocab_size)
 
 
 def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
