@@ -167,8 +167,9 @@ class RLSection:
       above); ignored with sampler='continuous' and in a multi-process run.
     sampler_compact_to: the static sampler's decode compaction (`models.sampler.sample`'s
       `compact_to`): once at most this many of a call's rows (all processes') are still
-      generating, only those rows are decoded on; 0 = off. Same tokens and log-probs up to
-      float rounding; ignored with sampler='continuous' (which refills its slots instead).
+      generating, only those rows are decoded on; 0 = off, and no effect on calls of at most
+      this many rows. Same tokens and log-probs up to float rounding; ignored with
+      sampler='continuous' (which refills its slots instead).
     precompile_rows: update row counts (this process's) whose update step compiles in a
       background thread during the warm-start's last evaluation (`train.device.DeviceSide.
       compile_rl_updates`), at each packed row length or bucket: the RL phase's first

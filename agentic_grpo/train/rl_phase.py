@@ -297,8 +297,10 @@ class RLPhase:
       return (f"every group's rewards tied (all advantages 0) or its pass rate lay outside "
               f"rl.pass_rate_filter={tuple(cfg.rl.pass_rate_filter)}; {counts}")
     return (f"every group's rewards tied: all advantages 0 ({counts}); a task set the policy "
-            f"always or never solves gives no signal: choose tasks of middling difficulty or "
-            f"raise --config.rl.group_size")
+            f"always or never solves gives no signal: choose tasks of middling difficulty, "
+            f"warm-start longer (--config.warmstart.steps; a policy that never solves a task "
+            f"has nothing to reinforce) or raise --config.rl.group_size; "
+            f"--config.rl.max_idle_batches sets how many such batches end the phase")
 
   def verdict(self) -> Optional[str]:
     """Why the RL phase did not do what it was asked, or None (also None when stopped)."""
