@@ -207,7 +207,7 @@ def decode_segments(prompt_width: int, max_new_tokens: int, segments: int = 4) -
   if prompt_width < 1 or max_new_tokens < 1 or segments < 1:
     raise ValueError(f"prompt_width, max_new_tokens and segments must be positive, got "
                      f"{prompt_width}, {max_new_tokens}, {segments}")
-  chunk = _round_up(-(-max_new_tokens // segments), 8)
+  chunk = sampling_rules.round_up(-(-max_new_tokens // segments), 8)
   return [prompt_width + min(max_new_tokens, k * chunk)
           for k in range(1, -(-max_new_tokens // chunk) + 1)]
 
@@ -276,10 +276,6 @@ def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group
   for i in range(n):
     suffix[i, :rest[i]] = prompts[i, offsets[i]:lengths[i]]
   return SharedPrefixes(group_prompts, shared, suffix, n // group * pa + n * pb)
-
-
-def _round_up(x: int, m: int) -> int:
-  return max(m, -(-x // m) * m)
 
 
 def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place):

@@ -25,7 +25,8 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
 
 
-def _round_up(x: int, m: int) -> int:
+def round_up(x: int, m: int) -> int:
+  """`x` rounded up to a multiple of `m`, at least `m` (table and segment widths)."""
   return max(m, -(-x // m) * m)
 
 
@@ -96,7 +97,7 @@ def _stop_id_table(stop_token_ids, n: int) -> np.ndarray:
       rows = [list(r) for r in arr]
     else:
       rows = [list(arr)] * n
-  k = _round_up(max(len(r) for r in rows), 4)
+  k = round_up(max(len(r) for r in rows), 4)
   table = np.full((n, k), -1, np.int32)
   for i, r in enumerate(rows):
     table[i, :len(r)] = r
@@ -118,8 +119,8 @@ def _stop_seq_table(stop_sequences, n: int) -> np.ndarray:
     for s in r:
       if not s:
         raise ValueError("stop_sequences must not contain an empty sequence")
-  m = _round_up(max(len(r) for r in rows), 2)
-  length = _round_up(max([len(s) for r in rows for s in r] or [1]), 8)
+  m = round_up(max(len(r) for r in rows), 2)
+  length = round_up(max([len(s) for r in rows for s in r] or [1]), 8)
   table = np.full((n, m, length), -1, np.int32)
   for i, r in enumerate(rows):
     for j, s in enumerate(r):
