@@ -69,6 +69,7 @@ MAY_CHANGE = frozenset({
     "rl.micro_batches",  # the same update, accumulated in other slices
     "rl.pack_prefix", "rl.packed_buckets",  # the same update, in packed rows
     "model.attention_chunk",  # the same attention, computed in query chunks
+    "model.causal_block",  # the same attention, without its all-masked score blocks
     # The same row keys, transform and stop rule, decoded in other batches: the same tokens
     # and log-probs up to float rounding, as `model.attention_chunk`.
     "rl.sampler", "rl.sampler_slots", "rl.sampler_compact_to",

@@ -47,7 +47,7 @@ SETTINGS = {"default": _COMMON,
 # sampled but not its loss (`config_drift`'s may-change set).
 SPEED = ("rl.pack_prefix", "rl.packed_buckets", "rl.sampler", "rl.sampler_slots",
          "rl.reuse_prefix", "rl.prefix_cache_mb", "rl.shared_prefill", "rl.precompile_rows",
-         "rl.update_chunk_rows", "rl.sampler_compact_to")
+         "rl.update_chunk_rows", "rl.sampler_compact_to", "model.causal_block")
 # Fields of this tree the baseline lacks whose values here are the baseline's behaviour.
 ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,
              "eval.headroom_train_tasks": 0, "task.num_public": [2, 3],

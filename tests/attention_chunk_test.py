@@ -1,5 +1,6 @@
-"""Query-chunked attention of the training forward (`ModelConfig.attention_chunk`): the same
-logits and gradients as the unchunked path, in float32."""
+"""Query-chunked attention (`ModelConfig.attention_chunk`) and causal blocks
+(`ModelConfig.causal_block`) of the training forward: the same logits and gradients as the
+whole `[T, T]` attention, in float32."""
 
 import dataclasses
 
@@ -9,13 +10,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo import config as config_lib
+from agentic_grpo.models import sources
 from agentic_grpo.models import transformer
 
 
-def _config(chunk):
+def _config(chunk, block=0):
   return transformer.get_model_config("tiny", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                       head_dim=8, mlp_dim=64, max_seq_len=64,
-                                      attention_chunk=chunk)
+                                      attention_chunk=chunk, causal_block=block)
+
+
+def _loss_and_grads(graphdef, params, tokens, positions, segment_mask, weights):
+  def loss(p):
+    logits, _ = transformer.apply(graphdef, p, tokens, positions, segment_mask=segment_mask)
+    return jnp.sum(jnp.where(segment_mask[..., None], logits, 0.0) * weights), logits
+  (l, logits), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return l, np.where(segment_mask[..., None], logits, 0), g
 
 
 class AttentionChunkTest(parameterized.TestCase):
@@ -72,6 +83,58 @@ class AttentionChunkTest(parameterized.TestCase):
                                                               attention_chunk=t), 0)
     self.assertIn(f"f32[1,2,2,{t},{t}]", str(jax.make_jaxpr(
         lambda p: transformer.apply(unchunked, p, tokens, positions)[0])(params)))
+
+
+class CausalBlockTest(parameterized.TestCase):
+
+  def test_validation_and_default(self):
+    self.assertEqual(transformer.get_model_config("tiny").causal_block, 128)
+    for bad in (-1, True, 2.0):
+      with self.assertRaisesRegex(ValueError, "causal_block"):
+        _config(0, bad)
+
+  @parameterized.parameters(4, 5, 10)  # dividing T, not dividing it (a short last block), T/2
+  def test_logits_and_grads_match_whole_attention(self, block):
+    t = 20
+    graphdef, params = transformer.init_model(_config(64), 0)
+    blocked_graph, _ = transformer.init_model(_config(64, block), 0)
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
+    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [13], [1]]))
+    weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
+    l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask,
+                                      weights)
+    l1, logits1, g1 = _loss_and_grads(blocked_graph, params, tokens, positions, segment_mask,
+                                      weights)
+    np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+      # Float rounding of sums in another order, relative to the leaf's scale.
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+  def test_blocks_score_only_keys_up_to_their_last_query(self):
+    """With blocks of 4 over T = 12 the scores are `[4, 4]`, `[4, 8]` and `[4, 12]` per head:
+    never the whole `[12, 12]`; below 2 blocks (T = 7) they are."""
+    graphdef, params = transformer.init_model(_config(64, 4), 0)
+
+    def scores_shapes(t):
+      tokens = jnp.zeros((1, t), jnp.int32)
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t))
+      return str(jax.make_jaxpr(
+          lambda p: transformer.apply(graphdef, p, tokens, positions)[0])(params))
+
+    jaxpr = scores_shapes(12)
+    for keys in (4, 8, 12):
+      self.assertIn(f"f32[1,2,2,4,{keys}]", jaxpr)
+    self.assertNotIn("f32[1,2,2,12,12]", jaxpr)
+    self.assertIn("f32[1,2,2,7,7]", scores_shapes(7))
+
+  def test_training_config_reaches_the_model(self):
+    c = config_lib.TrainConfig()
+    self.assertEqual(sources.open_model(c.model).model_config.causal_block, 128)
+    section = dataclasses.replace(c.model, causal_block=32)
+    self.assertEqual(sources.open_model(section).model_config.causal_block, 32)
 
 
 if __name__ == "__main__":

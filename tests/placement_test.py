@@ -30,10 +30,11 @@ from agentic_grpo.models import transformer
 
 # Widths chosen so that every mesh axis size used below divides vocab, embed,
 # mlp and heads, while kv_heads (2) does not divide a tensor axis of 8: that
-# dimension must fall back to replication.
+# dimension must fall back to replication. Causal blocks of 4 queries: the cache-less forwards
+# (`_T` = 12) run the blocked attention on every mesh.
 _CONFIG = transformer.ModelConfig(
     vocab_size=64, d_model=32, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=8, mlp_dim=64,
-    qkv_bias=True, tie_embeddings=False, max_seq_len=32)
+    qkv_bias=True, tie_embeddings=False, max_seq_len=32, causal_block=4)
 
 MESHES = (
     ("data8", (8, 1, 1)),

@@ -37,6 +37,10 @@ class ModelSection:
       float32 `[T, T]` scores of all queries are never held at once (0 = auto: chunks of
       `models.transformer.AUTO_ATTENTION_CHUNK` queries for sequences longer than twice that;
       `max_seq_len` or more = off). Any model source.
+    causal_block: queries per causal block of the training forward's unchunked attention
+      (`models.transformer.ModelConfig.causal_block`: each block scores only the keys up to its
+      own last slot; the same logits up to float rounding). 0 = the model config's default
+      (128); `max_seq_len` or more = off. Any model source.
   """
   source: str = "preset"
   path: str = ""
@@ -50,6 +54,7 @@ class ModelSection:
   mlp_dim: int = 0
   max_seq_len: int = 0
   attention_chunk: int = 0
+  causal_block: int = 0
 
   def validate(self, path: str) -> None:
     checks.choice(f"{path}.source", self.source, model_sources.MODEL_SOURCES.names())
@@ -62,8 +67,8 @@ class ModelSection:
       checks.check(bool(self.path), f"{path}.path", "must name a checkpoint with source='hf'",
                    self.path)
       for name, value in self.overrides().items():
-        checks.check(name in ("max_seq_len", "attention_chunk"), f"{path}.{name}",
-                     "must be 0 with source='hf' (the shape is the checkpoint's)", value)
+        checks.check(name in ("max_seq_len", "attention_chunk", "causal_block"),
+                     f"{path}.{name}", "must be 0 with source='hf' (the shape is the checkpoint's)", value)
     else:
       checks.check(not self.path, f"{path}.path", "must be empty with source='preset'", self.path)
 

@@ -88,6 +88,12 @@ class ModelConfig:
       and recomputed in the backward pass, never for all queries at once. 0 = auto
       (`AUTO_ATTENTION_CHUNK` queries, once T exceeds twice that); to turn it off, set it to
       `max_seq_len` or more.
+    causal_block: queries per causal block of the cache-less forward's unchunked attention:
+      with T >= 2 * causal_block queries, each block of queries is scored against the keys up
+      to its own last slot only, so the all-masked score blocks above the diagonal are never
+      computed (T = 512 in blocks of 128: 10 of 16 blocks). The same logits up to float
+      rounding; one more matmul pair per block to compile. 0 = off (every query against all
+      T keys).
   """
   vocab_size: int
   d_model: int
@@ -106,6 +112,7 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   rope_scaling: Optional[Llama3RopeScaling] = None
   attention_chunk: int = 0
+  causal_block: int = 128
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -117,10 +124,11 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "
           f"n_kv_heads ({self.n_kv_heads})")
-    if (not isinstance(self.attention_chunk, (int, np.integer))
-        or isinstance(self.attention_chunk, bool) or self.attention_chunk < 0):
-      raise ValueError(f"ModelConfig.attention_chunk must be an int >= 0 (0 = auto), got "
-                       f"{self.attention_chunk!r}")
+    for name, zero in (("attention_chunk", "auto"), ("causal_block", "off")):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"ModelConfig.{name} must be an int >= 0 (0 = {zero}), got "
+                         f"{value!r}")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, "
                        f"got {self.head_dim}")
@@ -298,8 +306,17 @@ def _zeros(key, shape, dtype):
   return jnp.zeros(shape, dtype)
 
 
-def _dot(eq, x, w, dtype):
-  return jnp.einsum(eq, x, w.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
+def _dense(x, w, dtype, n_in: int = 1):
+  """`x [..., *I] · w [*I, *O] -> [..., *O]` (`dtype`, float32 accumulation): the last `n_in`
+  axes of `x` contracted with the first `n_in` of `w`, as one 2-D matmul over `x`'s flattened
+  leading axes. On XLA's CPU backend the backward pass of the equivalent multi-axis einsum
+  copies its activation gradients through transposes; the 2-D form does not
+  (`benchmarks/update_flops.py`)."""
+  lead = x.shape[:x.ndim - n_in]
+  k = math.prod(x.shape[x.ndim - n_in:])
+  y = jnp.dot(x.reshape(-1, k), w.astype(dtype).reshape(k, -1),
+              preferred_element_type=jnp.float32)
+  return y.astype(dtype).reshape(*lead, *w.shape[n_in:])
 
 
 class RMSNorm(nnx.Module):
@@ -382,6 +399,20 @@ def _chunked_attention(q, k, v, mask, chunk, dt):
   return out[:, :, :, :t]
 
 
+def _causal_block_attention(q, k, v, mask, block, dt):
+  """`_attention` of a cache-less forward (`ModelConfig.causal_block`), whose mask is causal in
+  storage order (no query sees a key stored after it): one block of `block` queries at a time,
+  each against the keys up to its own last slot, so the all-masked score blocks above the
+  diagonal are never computed. The blocks are unrolled (static shapes, T / block of them)."""
+  t = q.shape[3]
+  outs = []
+  for start in range(0, t, block):
+    end = min(start + block, t)
+    outs.append(_attention(q[:, :, :, start:end], k[:, :, :end], v[:, :, :end],
+                           mask[:, start:end, :end], dt))
+  return jnp.concatenate(outs, axis=3)
+
+
 def _write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """Writes `new [N, K, T, Dh]` into `cache [N, K, S, Dh]` at slot `index` (scalar: every
   row; `[N]`: each row at its own slot)."""
@@ -420,9 +451,9 @@ class Attention(nnx.Module):
     """x `[N, T, D]`; mask `[N, T, S]` bool; layer_cache (k, v) with S slots."""
     c = self.config
     dt = c.dtype
-    q = _dot("ntd,dhk->nthk", x, self.q[...], dt)
-    k = _dot("ntd,dhk->nthk", x, self.k[...], dt)
-    v = _dot("ntd,dhk->nthk", x, self.v[...], dt)
+    q = _dense(x, self.q[...], dt)
+    k = _dense(x, self.k[...], dt)
+    v = _dense(x, self.v[...], dt)
     if self.q_bias is not None:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -451,13 +482,15 @@ class Attention(nnx.Module):
     chunk = c.query_chunk(t) if layer_cache is None else t
     if chunk < t:
       out = _chunked_attention(q, k, v, mask, chunk, dt)
+    elif layer_cache is None and c.causal_block and t >= 2 * c.causal_block:
+      out = _causal_block_attention(q, k, v, mask, c.causal_block, dt)
     else:
       out = _attention(q, k, v, mask, dt)
     if t == 1:
       out = out.astype(dt).reshape(n, 1, c.n_heads, dh)  # [N, K, G, 1, Dh] -> heads
-      return _dot("nthk,hkd->ntd", out, self.o[...], dt), new_cache
-    o = self.o[...].reshape(kv, g, dh, c.d_model)
-    return _dot("nkgtd,kgdm->ntm", out.astype(dt), o, dt), new_cache
+      return _dense(out, self.o[...], dt, 2), new_cache
+    out = out.astype(dt).transpose(0, 3, 1, 2, 4).reshape(n, t, c.n_heads, dh)
+    return _dense(out, self.o[...], dt, 2), new_cache
 
 
 class MLP(nnx.Module):
@@ -473,9 +506,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dt = self.dtype
-    h = jax.nn.silu(_dot("ntd,df->ntf", x, self.gate[...], dt)) * _dot(
-        "ntd,df->ntf", x, self.up[...], dt)
-    return _dot("ntf,fd->ntd", h, self.down[...], dt)
+    h = jax.nn.silu(_dense(x, self.gate[...], dt)) * _dense(x, self.up[...], dt)
+    return _dense(h, self.down[...], dt)
 
 
 class Block(nnx.Module):
@@ -552,11 +584,11 @@ class Transformer(nnx.Module):
         new_v.append(layer_new[1])
     x = self.final_norm(x)
     if self.lm_head is None:
-      logits = jnp.einsum("ntd,vd->ntv", x, self.embed[...].astype(c.dtype),
-                          preferred_element_type=jnp.float32)
+      head = self.embed[...].astype(c.dtype).T
     else:
-      logits = jnp.einsum("ntd,dv->ntv", x, self.lm_head[...].astype(c.dtype),
-                          preferred_element_type=jnp.float32)
+      head = self.lm_head[...].astype(c.dtype)
+    logits = jnp.dot(x.reshape(-1, c.d_model), head,
+                     preferred_element_type=jnp.float32).reshape(*x.shape[:-1], -1)
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=index + t)
