@@ -2,9 +2,10 @@
 
 `make train` runs this config: a supervised warm-start on reference episodes, then Agentic GRPO
 (stage rewards with provisional updates, retroactive corrections), budgeted to finish within 10
-minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.137 -> 0.241, paired
-gain +0.104 +- 0.014 on seed 0, at the +0.10 aimed for rather than clear of it; 0.112 -> 0.231,
-+0.119 +- 0.015 on seed 1; docs/learning.md, "With the sampler's decode compaction"). Every
+minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.139 -> 0.200, paired
+gain +0.062 +- 0.015 on seed 0; 0.142 -> 0.253, +0.111 +- 0.015 on seed 1; +0.065 +- 0.020 over
+seeds 0-3, whose gains spread far more than one run's standard error: docs/learning.md, "With
+the dense layers as 2-D matmuls and causal blocks"). Every
 field of `agentic_grpo.config.TrainConfig` is present, so any can be overridden from the command
 line, e.g. `--config.rl.group_size=8`.
 
@@ -14,7 +15,7 @@ the teacher confuses the task's program with a fixed mix-up of it (`add1` writte
 `max` as `min`: `synthetic.teacher_confusion`), in both the hypothesis and the code, as supervised
 data from a weaker model or a hurried annotator carries habits. So the warm-started policy's
 greedy answer is often the teacher's habit while its samples still find the right program:
-held-out pass@1 0.11 against pass@8 0.46-0.49 at the RL temperature (the `headroom/...`
+held-out pass@1 0.11-0.13 against pass@8 0.45-0.52 at the RL temperature (the `headroom/...`
 metrics), the edge of competence where RL with verifiable rewards pays, and where more supervised steps on the
 same data cannot help. Prompts show 3-4 public examples (`task.num_public`) of which 10% are
 ambiguous (`task.ambiguity_target`), so the program can usually be read off them.

@@ -310,8 +310,8 @@ def _dense(x, w, dtype, n_in: int = 1):
   """`x [..., *I] · w [*I, *O] -> [..., *O]` (`dtype`, float32 accumulation): the last `n_in`
   axes of `x` contracted with the first `n_in` of `w`, as one 2-D matmul over `x`'s flattened
   leading axes. On XLA's CPU backend the backward pass of the equivalent multi-axis einsum
-  copies its activation gradients through transposes; the 2-D form does not
-  (`benchmarks/update_flops.py`)."""
+  copies its activation gradients through transposes; the 2-D form does not (an update step
+  of the `tiny` model about 30% faster: `docs/benchmarks.md`, "Dense layers as 2-D matmuls")."""
   lead = x.shape[:x.ndim - n_in]
   k = math.prod(x.shape[x.ndim - n_in:])
   y = jnp.dot(x.reshape(-1, k), w.astype(dtype).reshape(k, -1),
