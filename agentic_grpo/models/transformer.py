@@ -486,9 +486,7 @@ class Attention(nnx.Module):
       out = _causal_block_attention(q, k, v, mask, c.causal_block, dt)
     else:
       out = _attention(q, k, v, mask, dt)
-    if t == 1:
-      out = out.astype(dt).reshape(n, 1, c.n_heads, dh)  # [N, K, G, 1, Dh] -> heads
-      return _dense(out, self.o[...], dt, 2), new_cache
+    # [N, K, G, T, Dh] -> [N, T, H, Dh] (a decode step's T = 1 makes it a reshape).
     out = out.astype(dt).transpose(0, 3, 1, 2, 4).reshape(n, t, c.n_heads, dh)
     return _dense(out, self.o[...], dt, 2), new_cache
 
