@@ -17,44 +17,17 @@ from absl.testing import absltest
 from agentic_grpo import config as config_lib
 from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.train import eval_only
-from experiments import tiny_codegen
 from experiments import warmstart_control as control
+from tests.fixtures import micro_run
 
 WS, RL = 3, 2
-
-
-class LuckyWorkflow(workflow_lib.Workflow):
-  """Code is the reference solution when the model's output has an even sum of code points,
-  else a wrong one: a random micro model scores by chance, and every pass depends on the exact
-  tokens sampled (as `tests/evaluate_test.py`'s)."""
-
-  @staticmethod
-  def _parse(stage, ep, output):
-    if stage.kind == "code" and isinstance(output, str):
-      if sum(map(ord, output)) % 2 == 0:
-        return ep.task.code_context + ep.task.reference_solution
-      return f"def {ep.task.entry_point}(*args):\n  return None\n"
-    return workflow_lib.Workflow._parse(stage, ep, output)
+LuckyWorkflow = micro_run.LuckyWorkflow
 
 
 def _micro() -> config_lib.TrainConfig:
-  c = tiny_codegen.get_config()
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64,
-                 max_seq_len=256)
-  c.task.eval_size = 4
-  c.workflow.max_new_tokens = 12
-  c.rl.update(tasks_per_batch=1, group_size=2, rows_per_update=4, buckets=(128,),
-              batches_in_flight=2, num_steps=RL)
-  c.warmstart.update(steps=WS, batch_size=4, seq_len=128, warmup_steps=1)
-  c.eval.update(every=0, num_samples=0)
-  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
-  c.checkpoint.update(every=1, max_to_keep=1)
-  c.log.update(progress_bar=False, plot=False)
-  c.mesh.data = 1
-  return config_lib.from_config_dict(c)
+  return micro_run.micro_config(WS, RL)
 
 
 def _rows(workdir: str) -> list[dict]:
