@@ -19,7 +19,9 @@ from the same warm-start checkpoint, and compared with the runs' own RL phases s
   are refused: they would change the warm-start or the held-out tasks the gains are paired on.
   A finished arm-seed leaves `done.json` and is read, not trained, when the command runs
   again; an unfinished one resumes from its own checkpoint (`train.run`), so a sweep can span
-  sittings.
+  sittings. Copies of the command with different arms can run side by side on one root (each
+  arm-seed holds its workdir's lock while it trains); a last run with every arm, all finished,
+  writes the whole report.
 * **The report** (`ROOT/sweep.md` and `ROOT/sweep.json`): per arm and seed the final held-out
   greedy pass@1 and its paired gain over the warm-start (± the run's own paired standard
   error, `train.paired_gain`); per arm the mean gain over seeds ± its standard error over
@@ -32,10 +34,12 @@ Each arm-seed's evaluation is its run's settings' (`eval.*`), unless the arm ove
 report reads).
 """
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import time
 from typing import Any, Optional, Sequence
 
 from absl import app
@@ -149,6 +153,26 @@ def run_result(run: str, cfg: config_lib.TrainConfig) -> dict[str, float]:
   return result
 
 
+@contextlib.contextmanager
+def _run_locked(run: str, wait_s: float = 60.0):
+  """Holds the run's workdir lock, waiting up to `wait_s` for it: a copy of this command with
+  other arms may hold it while it copies the same warm-start checkpoint (a second or so); a
+  run still training holds it for longer, and then this raises `WorkdirLockedError`."""
+  deadline = time.monotonic() + wait_s
+  while True:
+    try:
+      lock = run_lock.WorkdirLock(run).acquire()
+      break
+    except run_lock.WorkdirLockedError:
+      if time.monotonic() > deadline:
+        raise
+      time.sleep(0.5)
+  try:
+    yield
+  finally:
+    lock.release()
+
+
 def run_arm(run: str, root: str, arm: Arm, *, pool=None, workflow_factory=None
             ) -> dict[str, Any]:
   """Trains (or resumes, or reads back) `arm`'s RL phase from the warm-start of `run`; returns
@@ -160,6 +184,8 @@ def run_arm(run: str, root: str, arm: Arm, *, pool=None, workflow_factory=None
     warmstart_control.ControlError: `run` has no kept, intact warm-start checkpoint.
     SweepError: see `arm_config`; an arm workdir holding another arm's config; an arm run that
       stopped before its last step.
+    run_lock.WorkdirLockedError: the run is training (its lock held for over a minute), or the
+      arm-seed is live in another process.
   """
   run_cfg = eval_only.saved_config(run)
   cfg = arm_config(run_cfg, arm)
@@ -173,7 +199,7 @@ def run_arm(run: str, root: str, arm: Arm, *, pool=None, workflow_factory=None
                        f"{list(arm.overrides)} from {run}: choose another --root or arm name")
     return dict(record, skipped=True)
   ws = run_cfg.warmstart.steps
-  with run_lock.WorkdirLock(run):  # the run must not train while its checkpoint is copied
+  with _run_locked(run):  # the run must not train while its checkpoint is copied
     warmstart_control.plan(run, run_cfg, steps=1)  # a kept, intact warm-start checkpoint
     with run_lock.WorkdirLock(wd):
       if warmstart_control.seed(run, wd, ws):

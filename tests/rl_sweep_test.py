@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from unittest import mock
 
 from absl import flags
@@ -16,6 +17,7 @@ from absl.testing import absltest
 from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.checkpoint import checkpointer
+from agentic_grpo.checkpoint import run_lock
 from experiments import rl_sweep
 from experiments import warmstart_control
 from tests.fixtures import micro_run
@@ -137,6 +139,21 @@ class RlSweepTest(absltest.TestCase):
     text = printed.call_args_list[0].args[0]
     self.assertIn("| fast | optim.learning_rate=0.05 |", text)
     self.assertNotIn("| longer |", text)
+
+  def test_the_runs_lock_is_waited_for_then_refused(self):
+    holder = run_lock.WorkdirLock(self.runs[1]).acquire()
+    timer = threading.Timer(0.5, holder.release)
+    timer.start()
+    try:
+      with rl_sweep._run_locked(self.runs[1], wait_s=30.0):  # pylint: disable=protected-access
+        with self.assertRaises(run_lock.WorkdirLockedError):  # held now, by the sweep
+          run_lock.WorkdirLock(self.runs[1]).acquire()
+    finally:
+      timer.join()
+    with run_lock.WorkdirLock(self.runs[1]):
+      with self.assertRaises(run_lock.WorkdirLockedError):
+        with rl_sweep._run_locked(self.runs[1], wait_s=0.0):  # pylint: disable=protected-access
+          pass
 
   def test_runs_must_be_finished_with_their_warmstart_kept_and_seeds_distinct(self):
     with self.assertRaisesRegex(rl_sweep.SweepError, "different seeds"):
