@@ -56,7 +56,7 @@ ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,
              "log.wandb_project": "agentic_grpo", "rl.dynamic_sampling": False,
              "rl.dynamic_sampling_max_batches": 10, "rl.final_reward_lag": 0, "rl.ppo_epochs": 1,
              "rl.pass_rate_filter": [], "task.float_tolerance": -1.0,
-             "workflow.final_reward_jitter_s": 0.0}
+             "workflow.final_reward_jitter_s": 0.0, "correction.negative_weight": 1.0}
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -212,5 +212,30 @@ class TargetAdvantagesTest(parameterized.TestCase):
       advantages.target_advantages(self.r[0], self.final, mode="outcome")
 
 
+class WeightNegativesTest(parameterized.TestCase):
+
+  def test_scales_negatives_only(self):
+    a = jnp.array([[-2.0, -0.5, 0.0, 0.25, 3.0]])
+    np.testing.assert_array_equal(advantages.weight_negatives(a, 0.25),
+                                  [[-0.5, -0.125, 0.0, 0.25, 3.0]])
+    np.testing.assert_array_equal(advantages.weight_negatives(a, 1.0), a)
+    np.testing.assert_array_equal(advantages.weight_negatives(a, 0.0), [[0, 0, 0, 0.25, 3.0]])
+
+  def test_a_weighted_group_sums_to_its_positive_share(self):
+    # One success in eight, std-normalised: +2.47 against -0.35 each; the weighted group's
+    # advantages no longer sum to 0 but to (1 - w) times the successes' total.
+    r = jnp.array([[1.0, 0, 0, 0, 0, 0, 0, 0]])
+    a = advantages.group_advantages(r)
+    w = advantages.weight_negatives(a, 0.5)
+    self.assertAlmostEqual(float(w.sum()), 0.5 * float(a[0, 0]), places=5)
+
+  def test_jit_and_bad_weight(self):
+    a = jnp.array([-1.0, 1.0])
+    f = jax.jit(advantages.weight_negatives, static_argnums=1)
+    np.testing.assert_array_equal(f(a, 0.5), [-0.5, 1.0])
+    with self.assertRaisesRegex(ValueError, "negative_weight"):
+      advantages.weight_negatives(a, -0.1)
+
+
 if __name__ == "__main__":
   absltest.main()

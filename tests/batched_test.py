@@ -44,6 +44,23 @@ class BatchedTest(parameterized.TestCase):
     np.testing.assert_allclose(got_t, target, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got_d, delta, rtol=1e-6, atol=1e-7)
 
+  @parameterized.parameters(0.0, 0.5, 1.0)
+  def test_negative_weight_applies_to_provisional_and_target_alike(self, w):
+    rewards, valid, final, _ = _inputs(3, seed=30)
+    kw = dict(scale="std", baseline="previous_stage")
+    eager = advantages.provisional_advantages(rewards, valid, **kw)
+    applied = np.stack([batched.stage_advantages(rewards[..., :k + 1], valid[..., :k + 1], k,
+                                                 negative_weight=w, **kw) for k in range(3)], -1)
+    np.testing.assert_allclose(applied, advantages.weight_negatives(eager, w), atol=1e-7)
+    target, delta = batched.outcome_credit(rewards, final, valid, applied, mode="outcome",
+                                           gamma=1.0, beta=0.0, negative_weight=w, **kw)
+    unweighted = advantages.target_advantages(rewards, final, valid=valid, mode="outcome", **kw)
+    np.testing.assert_allclose(target, advantages.weight_negatives(unweighted, w), atol=1e-7)
+    # A provisional update and its correction sum to the weighted target's.
+    np.testing.assert_allclose(applied + delta, target, atol=1e-6)
+    if w < 1:
+      self.assertTrue(np.any(target != unweighted))
+
   @parameterized.parameters("drop", "linear")
   def test_staleness_table_equals_eager(self, mode):
     versions = [3, 9, 5, 9, 10, 0, 12]

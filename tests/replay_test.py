@@ -112,12 +112,13 @@ class StagedReplayTest(parameterized.TestCase):
 
   @parameterized.product(target_mode=("outcome", "return", "mixed"),
                          pack=(True, False), skip_zero=(True, False),
-                         baseline=("none", "previous_stage"))
+                         baseline=("none", "previous_stage"), negative_weight=(1.0, 0.5))
   def test_provisional_plus_correction_equals_target(self, target_mode, pack, skip_zero,
-                                                     baseline):
+                                                     baseline, negative_weight):
     rng = np.random.default_rng(2)
     replay = _make(target_mode=target_mode, gamma=0.9, beta=0.3, pack_corrections=pack,
-                   skip_zero_advantage=skip_zero, baseline=baseline)
+                   skip_zero_advantage=skip_zero, baseline=baseline,
+                   negative_weight=negative_weight)
     num_groups = 3
     ids = np.arange(num_groups * G).reshape(num_groups, G)
     eps = _Episodes(rng, ids.ravel())
@@ -131,8 +132,9 @@ class StagedReplayTest(parameterized.TestCase):
     final_r = rng.integers(0, 3, size=(num_groups, G)).astype(np.float32) / 2
     total = collections.defaultdict(float)
     kinds = collections.Counter()
-    provisional = np.asarray(advantages_lib.provisional_advantages(
-        stage_r, valid, baseline=baseline))
+    provisional = np.asarray(advantages_lib.weight_negatives(
+        advantages_lib.provisional_advantages(stage_r, valid, baseline=baseline),
+        negative_weight))
     for k in range(S):
       toks, masks, blps = eps.stage(ids.ravel())
       replay.add_stage(ids.ravel(), k, toks, masks, blps, k, stage_r[..., k].ravel(),
@@ -147,13 +149,15 @@ class StagedReplayTest(parameterized.TestCase):
       kinds.update(b.kinds)
       for e, s, a in b.segments:
         total[(e, s)] += a
-    target = np.asarray(advantages_lib.target_advantages(
+    target = np.asarray(advantages_lib.weight_negatives(advantages_lib.target_advantages(
         stage_r, final_r, mode=target_mode, gamma=0.9, beta=0.3, valid=valid,
-        baseline=baseline))
+        baseline=baseline), negative_weight))
     if target_mode == "outcome":  # Independent check of the outcome target.
       for g in range(num_groups):
+        norm = _norm(final_r[g])
+        norm = np.where(norm < 0, negative_weight * norm, norm)
         np.testing.assert_allclose(target[g, valid[g].all(-1), 0],
-                                   _norm(final_r[g])[valid[g].all(-1)], atol=1e-5)
+                                   norm[valid[g].all(-1)], atol=1e-5)
     for g in range(num_groups):
       for i in range(G):
         for k in range(S):
@@ -420,6 +424,9 @@ class StagedReplayTest(parameterized.TestCase):
       _make(staleness_mode="sometimes")
     with self.assertRaisesRegex(ValueError, "stage_credit"):
       _make(stage_credit="later")
+    for w in (-0.5, float("nan")):
+      with self.assertRaisesRegex(ValueError, "negative_weight"):
+        _make(negative_weight=w)
     with self.assertRaisesRegex(ValueError, "episode_ids"):
       replay.add_group(0, [1, 2])
     replay.add_group(0, range(G))
@@ -468,8 +475,8 @@ class DefaultsTest(absltest.TestCase):
     renamed = {"enabled": "correction", "target": "target_mode"}
     correction = config_lib.CorrectionSection(
         enabled=False, target="mixed", gamma=0.5, beta=0.25, scale="none",
-        baseline="previous_stage", max_staleness=3, staleness_mode="linear",
-        stage_credit="post_hoc")
+        baseline="previous_stage", negative_weight=0.5, max_staleness=3,
+        staleness_mode="linear", stage_credit="post_hoc")
     storage = config_lib.ReplaySection(capacity=77, when_full="error",
                                        skip_zero_advantage=False, pack_corrections=False)
     replay = replay_lib.StagedReplay.from_sections(group_size=2, num_stages=3,

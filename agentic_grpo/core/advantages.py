@@ -162,6 +162,38 @@ def _per_stage(values: jax.Array, valid: jax.Array, scale: str) -> jax.Array:
   return jnp.swapaxes(adv, 1, 2)
 
 
+def weight_negatives(advantages: jax.Array, negative_weight: float) -> jax.Array:
+  """`A if A > 0 else w · A`: negative advantages scaled by `w`, positive ones kept.
+
+  Reinforcing a sampled answer raises its probability and takes mass from every other answer
+  in proportion to theirs, most from the policy's mode; pushing a failed answer down spreads
+  its mass over all the others in proportion to theirs, most to the long tail. With few
+  successes per group the two kinds of update carry equal weight (group-normalised
+  advantages sum to zero), and a policy whose mode is a wrong habit loses it mostly to other
+  wrong answers. `w < 1` tilts learning towards the positive samples: the weighted REINFORCE
+  of Zhu et al., 2025 ("The Surprising Effectiveness of Negative Reinforcement in LLM
+  Reasoning", §5, which weights the *positive* term instead to keep pass@k; here the target
+  is pass@1). `w = 1` is GRPO's advantage unchanged.
+
+  Applied to provisional and target advantages alike (`replay.credit`), so that a provisional
+  update and its correction still sum to the weighted target's update.
+
+  Args:
+    advantages: `[...]` float.
+    negative_weight: `w >= 0` (a Python float; static under `jax.jit`).
+
+  Returns:
+    float32 array of the same shape.
+
+  Raises:
+    ValueError: `negative_weight` below 0.
+  """
+  if isinstance(negative_weight, (int, float)) and negative_weight < 0:
+    raise ValueError(f"negative_weight must be >= 0, got {negative_weight}")
+  a = jnp.asarray(advantages, jnp.float32)
+  return jnp.where(a < 0, a * jnp.float32(negative_weight), a)
+
+
 def stage_baselines(stage_rewards: jax.Array, valid: jax.Array, baseline: str) -> jax.Array:
   """Per-member, per-stage baselines `b[i, k]`, known before stage k acts.
 

@@ -36,15 +36,17 @@ def _pad_groups(x: np.ndarray, b: int, value) -> np.ndarray:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("stage", "scale", "baseline"))
-def _stage_advantages(rewards, valid, *, stage, scale, baseline):
-  return advantages_lib.provisional_advantages(rewards, valid, scale=scale,
-                                               baseline=baseline)[..., stage]
+@functools.partial(jax.jit, static_argnames=("stage", "scale", "baseline", "negative_weight"))
+def _stage_advantages(rewards, valid, *, stage, scale, baseline, negative_weight):
+  adv = advantages_lib.provisional_advantages(rewards, valid, scale=scale,
+                                              baseline=baseline)[..., stage]
+  return advantages_lib.weight_negatives(adv, negative_weight)
 
 
 def stage_advantages(stage_rewards: np.ndarray, valid: np.ndarray, stage: int, *, scale: str,
-                     baseline: str) -> np.ndarray:
-  """`core.advantages.provisional_advantages(...)[..., stage]` in one jitted call.
+                     baseline: str, negative_weight: float = 1.0) -> np.ndarray:
+  """`core.advantages.provisional_advantages(...)[..., stage]`, negatives weighted by
+  `negative_weight` (`core.advantages.weight_negatives`), in one jitted call.
 
   Args:
     stage_rewards: `[B, G, K]` float32 rewards of stages `0..K-1` (`K > stage`; later stages
@@ -52,6 +54,7 @@ def stage_advantages(stage_rewards: np.ndarray, valid: np.ndarray, stage: int, *
     valid: `[B, G, K]` bool.
     stage: the stage whose advantages are returned.
     scale, baseline: as in `provisional_advantages`.
+    negative_weight: as in `weight_negatives` (1: unchanged).
 
   Returns:
     `[B, G]` float32 NumPy.
@@ -69,29 +72,36 @@ def stage_advantages(stage_rewards: np.ndarray, valid: np.ndarray, stage: int, *
   b = stage_rewards.shape[0]
   out = _stage_advantages(_pad_groups(stage_rewards, _pow2(b), 0.0),
                           _pad_groups(valid, _pow2(b), False), stage=stage, scale=scale,
-                          baseline=baseline)
+                          baseline=baseline, negative_weight=float(negative_weight))
   return np.asarray(out)[:b]
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "gamma", "beta", "scale", "baseline"))
-def _outcome_credit(rewards, final, valid, applied, *, mode, gamma, beta, scale, baseline):
+@functools.partial(jax.jit, static_argnames=("mode", "gamma", "beta", "scale", "baseline",
+                                             "negative_weight"))
+def _outcome_credit(rewards, final, valid, applied, *, mode, gamma, beta, scale, baseline,
+                    negative_weight):
   target = advantages_lib.target_advantages(rewards, final, mode=mode, gamma=gamma, beta=beta,
                                             valid=valid, scale=scale, baseline=baseline)
+  target = advantages_lib.weight_negatives(target, negative_weight)
   return target, correction_lib.correction_advantages(applied, target)
 
 
 def outcome_credit(stage_rewards: np.ndarray, final_rewards: np.ndarray, valid: np.ndarray,
                    applied: np.ndarray, *, mode: str, gamma: float, beta: float, scale: str,
-                   baseline: str) -> tuple[np.ndarray, np.ndarray]:
-  """Targets (`core.advantages.target_advantages`) and corrections (`core.correction.
-  correction_advantages`) of finished groups, in one jitted call.
+                   baseline: str, negative_weight: float = 1.0
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """Targets (`core.advantages.target_advantages`, negatives weighted by `negative_weight`:
+  `weight_negatives`) and corrections (`core.correction.correction_advantages`) of finished
+  groups, in one jitted call.
 
   Args:
     stage_rewards: `[B, G, S]` float32.
     final_rewards: `[B, G]` float32.
     valid: `[B, G, S]` bool.
-    applied: `[B, G, S]` float32, the provisional advantage each segment received (0 if none).
+    applied: `[B, G, S]` float32, the provisional advantage each segment received (0 if none;
+      already weighted, `stage_advantages`).
     mode, gamma, beta, scale, baseline: as in `target_advantages`.
+    negative_weight: as in `weight_negatives` (1: unchanged).
 
   Returns:
     `(target, delta)`, both `[B, G, S]` float32 NumPy.
@@ -111,7 +121,8 @@ def outcome_credit(stage_rewards: np.ndarray, final_rewards: np.ndarray, valid: 
   target, delta = _outcome_credit(
       _pad_groups(stage_rewards, p, 0.0), _pad_groups(final_rewards, p, 0.0),
       _pad_groups(valid, p, False), _pad_groups(applied, p, 0.0), mode=mode,
-      gamma=float(gamma), beta=float(beta), scale=scale, baseline=baseline)
+      gamma=float(gamma), beta=float(beta), scale=scale, baseline=baseline,
+      negative_weight=float(negative_weight))
   return np.asarray(target)[:b], np.asarray(delta)[:b]
 
 

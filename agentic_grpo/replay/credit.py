@@ -56,7 +56,8 @@ def _field(grid: SegmentGrid, fn, dtype) -> np.ndarray:
 
 def provisional_items(grid: SegmentGrid, episode_ids: Sequence[Sequence[int]], stage: int, *,
                       scale: str, baseline: str, skip_zero_advantage: bool,
-                      drop_tied: bool = False) -> list[records.Item]:
+                      drop_tied: bool = False,
+                      negative_weight: float = 1.0) -> list[records.Item]:
   """Provisional items of stage `stage` of groups that all reported it (one advantage call).
 
   Sets `applied` on every segment that gets an item.
@@ -68,10 +69,11 @@ def provisional_items(grid: SegmentGrid, episode_ids: Sequence[Sequence[int]], s
     scale, baseline: `core.advantages.provisional_advantages` options.
     skip_zero_advantage: emit no item for an advantage of exactly 0.
     drop_tied: emit no item for a group whose advantages of this stage are all 0.
+    negative_weight: `core.advantages.weight_negatives`'s weight (1: unchanged).
   """
   adv = batched.stage_advantages(_field(grid, lambda s: s.reward, np.float32),
                                  _field(grid, lambda s: s.valid, bool), stage, scale=scale,
-                                 baseline=baseline)
+                                 baseline=baseline, negative_weight=negative_weight)
   items = []
   for eps, row, adv_row in zip(episode_ids, grid, adv):
     if drop_tied and not np.any(adv_row):
@@ -116,7 +118,8 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
                      skip_zero_advantage: bool, pack: bool,
                      counters: collections.Counter,
                      stage_tied: Optional[np.ndarray] = None,
-                     filtered: Optional[np.ndarray] = None) -> list[records.Item]:
+                     filtered: Optional[np.ndarray] = None,
+                     negative_weight: float = 1.0) -> list[records.Item]:
   """Correction and final items of finished groups (one target call for all).
 
   Args:
@@ -137,12 +140,15 @@ def correction_items(grid: SegmentGrid, final_rewards: np.ndarray,
       targets are all 0 carries no signal and readies nothing (dynamic sampling).
     filtered: optional `[B]` bool (`outside_band`): groups whose target is 0 on every segment
       (the pass-rate filter); they ready only the withdrawals of applied provisional updates.
+    negative_weight: `core.advantages.weight_negatives`'s weight of the targets (1:
+      unchanged); the applied provisional advantages were weighted alike.
   """
   applied = _field(grid, lambda s: s.applied, np.float32)
   target, delta = batched.outcome_credit(
       _field(grid, lambda s: s.reward, np.float32), final_rewards,
       _field(grid, lambda s: s.valid, bool), applied,
-      mode=target_mode, gamma=gamma, beta=beta, scale=scale, baseline=baseline)
+      mode=target_mode, gamma=gamma, beta=beta, scale=scale, baseline=baseline,
+      negative_weight=negative_weight)
   num_groups, group_size, num_stages = delta.shape
   silent = np.zeros(num_groups, bool)  # groups that ready nothing
   if stage_tied is not None:

@@ -65,6 +65,7 @@ class StagedReplay:
       beta: float = _CORRECTION.beta,
       scale: str = _CORRECTION.scale,
       baseline: str = _CORRECTION.baseline,
+      negative_weight: float = _CORRECTION.negative_weight,
       max_staleness: int = _CORRECTION.max_staleness,
       staleness_mode: str = _CORRECTION.staleness_mode,
       capacity: int = _STORAGE.capacity,
@@ -91,6 +92,8 @@ class StagedReplay:
       scale: group normalisation, `std` or `none`.
       baseline: per-stage baseline subtracted before normalising, provisional and target alike
         (`core.advantages.stage_baselines`): `none` or `previous_stage`.
+      negative_weight: the weight of negative advantages, provisional and target alike
+        (`core.advantages.weight_negatives`), >= 0; 1 leaves them unchanged.
       max_staleness: policy versions after which a segment is dropped / weighs 0.
       staleness_mode: `drop` or `linear` (`core.correction.staleness_weights`).
       capacity: most segments held at once (>= group_size * num_stages).
@@ -136,6 +139,8 @@ class StagedReplay:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     if not 0.0 <= gamma <= 1.0:
       raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not negative_weight >= 0.0:  # NaN too
+      raise ValueError(f"negative_weight must be >= 0, got {negative_weight}")
     if pass_rate_band is not None:
       band = tuple(float(v) for v in pass_rate_band)
       if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
@@ -154,6 +159,7 @@ class StagedReplay:
     self.beta = float(beta)
     self.scale = scale
     self.baseline = baseline
+    self.negative_weight = float(negative_weight)
     self.max_staleness = int(max_staleness)
     self.staleness_mode = staleness_mode
     self.capacity = int(capacity)
@@ -180,7 +186,7 @@ class StagedReplay:
       group_size: G (`rl.group_size`).
       num_stages: S, stages per episode.
       correction: the `correction` section: `enabled`, `target`, `gamma`, `beta`, `scale`,
-        `baseline`, `max_staleness`, `staleness_mode`, `stage_credit`.
+        `baseline`, `negative_weight`, `max_staleness`, `staleness_mode`, `stage_credit`.
       storage: the `replay` section: `capacity`, `when_full`, `skip_zero_advantage`,
         `pack_corrections`.
       loss_additive: the loss is additive over a row's segments
@@ -195,7 +201,7 @@ class StagedReplay:
         group_size=group_size, num_stages=num_stages, correction=correction.enabled,
         target_mode=correction.target, gamma=correction.gamma, beta=correction.beta,
         scale=correction.scale, baseline=correction.baseline,
-        max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
+        negative_weight=correction.negative_weight, max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
         stage_credit=correction.stage_credit, capacity=storage.capacity,
         when_full=storage.when_full, skip_zero_advantage=storage.skip_zero_advantage,
         pack_corrections=storage.pack_corrections and loss_additive, **options)
@@ -328,7 +334,8 @@ class StagedReplay:
     items = credit.provisional_items(grid, members, stage, scale=self.scale,
                                      baseline=self.baseline,
                                      skip_zero_advantage=self.skip_zero_advantage,
-                                     drop_tied=self.drop_tied_groups)
+                                     drop_tied=self.drop_tied_groups,
+                                     negative_weight=self.negative_weight)
     if self.stage_credit == "post_hoc":
       return 0  # held: `applied` is recorded on the segments, released by `_emit_corrections`
     self._ready.extend(items)
@@ -402,6 +409,7 @@ class StagedReplay:
         grid, final, ids,
         target_mode=self.target_mode, gamma=self.gamma, beta=self.beta, scale=self.scale,
         baseline=self.baseline, correction=self.correction,
+        negative_weight=self.negative_weight,
         skip_zero_advantage=self.skip_zero_advantage, pack=self.pack_corrections,
         counters=self.counters, stage_tied=stage_tied, filtered=filtered)
     self._ready.extend(items)

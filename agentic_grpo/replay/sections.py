@@ -33,6 +33,9 @@ class CorrectionSection:
     beta: weight of the provisional (stage) advantage kept in `mixed` targets.
     scale: group normalisation: `std` or `none`.
     baseline: `none` or `previous_stage`.
+    negative_weight: the weight of negative advantages, provisional and target alike
+      (`core.advantages.weight_negatives`: a policy gradient tilted towards the group's
+      successes), >= 0; 1 (the default) is GRPO's advantage unchanged.
     max_staleness: policy versions a correction may lag its provisional update.
     staleness_mode: beyond max_staleness: `drop` or `linear` down-weighting.
     stage_credit: when stage advantages reach the learner: `immediate` (as soon as a group
@@ -46,6 +49,7 @@ class CorrectionSection:
   beta: float = 0.0
   scale: str = "std"
   baseline: str = "none"
+  negative_weight: float = 1.0
   max_staleness: int = 8
   staleness_mode: str = "drop"
   stage_credit: str = "immediate"
@@ -55,6 +59,8 @@ class CorrectionSection:
     checks.check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
     checks.choice(f"{path}.scale", self.scale, advantages_lib.SCALES)
     checks.choice(f"{path}.baseline", self.baseline, advantages_lib.BASELINES)
+    checks.check(self.negative_weight >= 0.0, f"{path}.negative_weight", "must be >= 0",
+                 self.negative_weight)
     checks.check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
                  self.max_staleness)
     checks.choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
