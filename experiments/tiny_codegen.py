@@ -2,10 +2,9 @@
 
 `make train` runs this config: a supervised warm-start on reference episodes, then Agentic GRPO
 (stage rewards with provisional updates, retroactive corrections), budgeted to finish within 10
-minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.139 -> 0.200, paired
-gain +0.062 +- 0.015 on seed 0; 0.142 -> 0.253, +0.111 +- 0.015 on seed 1; +0.065 +- 0.020 over
-seeds 0-3, whose gains spread far more than one run's standard error: docs/learning.md, "With
-the dense layers as 2-D matmuls and causal blocks"). Every
+minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.139 -> 0.228, paired
+gain +0.089 +- 0.017 on seed 0; 0.142 -> 0.240, +0.099 +- 0.015 on seed 1; +0.078 +- 0.010 over
+seeds 0-3: docs/learning.md, "RL settings over four seeds"). Every
 field of `agentic_grpo.config.TrainConfig` is present, so any can be overridden from the command
 line, e.g. `--config.rl.group_size=8`.
 
