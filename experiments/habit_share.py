@@ -11,8 +11,8 @@ does not tell:
 
     python -m experiments.habit_share --run=WORKDIR [--steps=300,480]
 
-The episodes are sampled once per checkpoint and the two verdicts are of the same programs
-(greedy decoding: the second pass regenerates the same tokens). Writes
+The episodes are sampled once per checkpoint and both verdicts are of the same programs (the
+final judgement runs twice, `dual_judge`). One process only. Writes
 `WORKDIR/habit_share.json` (`{step: {"right", "habit", "other", "both", "tasks"}}`, shares of
 the held-out tasks; `both`: programs the hidden inputs cannot tell apart from either, counted
 in `right` and `habit`) and prints a table. Synthetic task sources only (a task without a
@@ -28,6 +28,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from agentic_grpo import parallel
 from agentic_grpo.agent import stages as stages_lib
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
@@ -50,18 +51,32 @@ def habit_task(task: task_lib.Task) -> Optional[task_lib.Task]:
       task_lib.Example(e.args, confused(e.args[0])) for e in task.hidden_tests))
 
 
-class HabitJudge(workflow_lib.Workflow):
-  """The workflow with its final judgement against the habit (`habit_task`); an episode of a
-  task without one scores 0."""
+def dual_judge(cls: type, habit_passed: dict[str, bool]) -> type:
+  """A subclass of workflow class `cls` whose final judgement is the task's (returned, as
+  `cls`'s) and, of the very same programs, the habit's (`habit_task`): each task's habit
+  verdict (passed every hidden test) goes to `habit_passed[task_id]`; a task without a habit
+  gets False."""
 
-  def finish(self, episodes):
-    for ep in episodes:
-      habit = habit_task(ep.task)
-      if habit is None:
-        ep.code = None
-      else:
-        ep.task = habit
-    return super().finish(episodes)
+  class DualJudge(cls):
+
+    def finish(self, episodes):
+      result = super().finish(episodes)
+      kept = [(ep.task, ep.code, ep.final_reward) for ep in episodes]
+      habits = [habit_task(ep.task) for ep in episodes]
+      judged = [i for i, h in enumerate(habits) if h is not None]
+      for ep in episodes:
+        habit_passed[ep.task.task_id] = False
+      for i in judged:
+        episodes[i].task = habits[i]
+      if judged:
+        verdict = super().finish([episodes[i] for i in judged])
+        for i, r in zip(judged, verdict.rewards, strict=True):
+          habit_passed[kept[i][0].task_id] = bool(r >= 1.0)
+      for ep, (task, code, reward) in zip(episodes, kept, strict=True):
+        ep.task, ep.code, ep.final_reward = task, code, reward
+      return result
+
+  return DualJudge
 
 
 def shares(right: np.ndarray, habit: np.ndarray) -> dict[str, float]:
@@ -72,22 +87,31 @@ def shares(right: np.ndarray, habit: np.ndarray) -> dict[str, float]:
           "tasks": int(right.size)}
 
 
-def measure(run: str, steps: Optional[Sequence[int]] = None, *, pool=None
-            ) -> dict[int, dict[str, float]]:
+def measure(run: str, steps: Optional[Sequence[int]] = None, *, pool=None,
+            workflow_factory: Optional[type] = None) -> dict[int, dict[str, float]]:
   """The shares of checkpoints `steps` of `run` (default: the warm-start's last, kept
-  checkpoint and the newest one), on the run's held-out tasks, greedy.
+  checkpoint and the newest one), on the run's held-out tasks, greedy. Single process.
+
+  Args:
+    run: the run's workdir.
+    steps: checkpoint steps.
+    pool: a sandbox pool to use (default: a new one, closed at the end).
+    workflow_factory: the workflow class (default `agent.workflow.Workflow`; tests).
 
   Raises:
     eval_only.WorkdirError: `run` is missing or holds no config.json.
-    ValueError: a run whose task source is not synthetic.
+    ValueError: a run whose task source is not synthetic, or more than one process.
     FileNotFoundError, checkpointer.CheckpointIntegrityError: a missing or damaged checkpoint.
   """
   cfg = eval_only.saved_config(run)
   if cfg.task.source != "synthetic":
     raise ValueError(f"task.source must be 'synthetic' (the teacher's confusion is of a "
                      f"synthetic program), got {cfg.task.source!r}")
-  ckpt = checkpointer.Checkpointer(os.path.join(run, "checkpoints"))
+  if parallel.process_count() > 1:
+    raise ValueError(f"habit_share runs in one process (it judges every held-out task "
+                     f"itself), this one is of {parallel.process_count()}")
   comp = components_lib.build(cfg, pool=pool)
+  ckpt = checkpointer.Checkpointer(os.path.join(run, "checkpoints"))
   try:
     if steps is None:
       newest = ckpt.intact_step()
@@ -95,16 +119,18 @@ def measure(run: str, steps: Optional[Sequence[int]] = None, *, pool=None
     agent = eval_only._agent(comp)  # pylint: disable=protected-access (the run's own shape)
     judge = dataclasses.replace(cfg.workflow, stage_rewards=True,
                                 reward_mode=stages_lib.ALL_PASS)
-    right_wf = lambda: workflow_lib.Workflow(judge, comp.pool, tokenizer=comp.tokenizer)
-    habit_wf = lambda: HabitJudge(judge, comp.pool, tokenizer=comp.tokenizer)
+    habit_passed: dict[str, bool] = {}
+    cls = dual_judge(workflow_factory or workflow_lib.Workflow, habit_passed)
+    factory = lambda: cls(judge, comp.pool, tokenizer=comp.tokenizer)
     out = {}
     try:
       for step in steps:
         params, _ = device_lib.restore_policy(comp, ckpt, step)
-        verdicts = [agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1,
-                                       workflow_factory=wf)[0][:, 0] >= 1.0
-                    for wf in (right_wf, habit_wf)]
-        out[int(step)] = shares(*verdicts)
+        habit_passed.clear()
+        final, _ = agent.run_episodes(params, comp.eval_tasks, greedy=True, rng_counter=-1,
+                                      workflow_factory=factory)
+        habit = [habit_passed[t.task_id] for t in comp.eval_tasks]
+        out[int(step)] = shares(final[:, 0] >= 1.0, np.array(habit, bool))
     finally:
       agent.close()
   finally:
@@ -133,7 +159,7 @@ def main(argv: Sequence[str]) -> None:
   steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
   try:
     result = measure(_RUN.value, steps)
-  except (eval_only.WorkdirError, ValueError, FileNotFoundError) as e:
+  except (eval_only.WorkdirError, ValueError, FileNotFoundError, RuntimeError) as e:
     raise app.UsageError(str(e)) from e
   path = os.path.join(_RUN.value, OUT)
   with open(path, "w", encoding="utf-8") as f:

@@ -48,16 +48,21 @@ from absl import logging
 import ml_collections
 
 from agentic_grpo import config as config_lib
+from agentic_grpo import config_drift
 from agentic_grpo import train
 from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import eval_only
 from experiments import warmstart_control
 
 DONE = "done.json"
+ARM = "arm.json"  # written when an arm-seed is seeded: what it trains
 REFERENCE = "run"
-# Config sections an arm may not override: they would change the warm-start or the held-out
-# tasks its gain is paired on.
-FROZEN = ("seed", "model", "task", "warmstart")
+# Config sections an arm may not override: they would change the warm-start, the held-out tasks
+# its gain is paired on, or how they are judged. Of `workflow`, only the fields of `WORKFLOW_OK`
+# (how RL credits the episodes, not what an episode is or how it is judged).
+FROZEN = ("seed", "model", "task", "warmstart", "sandbox", "workflow")
+WORKFLOW_OK = ("workflow.stage_rewards", "workflow.reward_mode",
+               "workflow.final_reward_delay_s", "workflow.final_reward_jitter_s")
 
 
 class SweepError(ValueError):
@@ -77,7 +82,8 @@ def parse_arm(text: str) -> Arm:
 
   Raises:
     SweepError: no `:`, a name that is empty, `run` or not a plain word (letters, digits, `_`,
-      `-`, `.`), no overrides, an override without `=`, or one of a `FROZEN` section.
+      `-`, `.`), no overrides, an override without `=`, or one of a `FROZEN` section (but
+      `WORKFLOW_OK`'s).
   """
   name, sep, rest = text.partition(":")
   name, overrides = name.strip(), tuple(rest.split())
@@ -94,9 +100,10 @@ def parse_arm(text: str) -> Arm:
     path = item.partition("=")[0]
     if "=" not in item:
       raise SweepError(f"arm {name!r}: override {item!r} must be SECTION.FIELD=VALUE")
-    if path.split(".")[0] in FROZEN:
+    if path.split(".")[0] in FROZEN and path.strip() not in WORKFLOW_OK:
       raise SweepError(f"arm {name!r}: override {item!r} changes {path.split('.')[0]!r}, which "
-                       f"would change the warm-start or the held-out tasks (refused: {FROZEN})")
+                       f"would change the warm-start, the held-out tasks or their judging "
+                       f"(refused: {FROZEN}, except {WORKFLOW_OK})")
   return Arm(name, overrides)
 
 
@@ -182,38 +189,51 @@ def run_arm(run: str, root: str, arm: Arm, *, pool=None, workflow_factory=None
   Raises:
     eval_only.WorkdirError: `run` is missing or holds no config.json.
     warmstart_control.ControlError: `run` has no kept, intact warm-start checkpoint.
-    SweepError: see `arm_config`; an arm workdir holding another arm's config; an arm run that
-      stopped before its last step.
+    SweepError: see `arm_config`; an arm workdir holding (finished or not) another arm or
+      another run's; an arm run that stopped before its last step.
     run_lock.WorkdirLockedError: the run is training (its lock held for over a minute), or the
       arm-seed is live in another process.
   """
+  run = os.path.realpath(run)
   run_cfg = eval_only.saved_config(run)
   cfg = arm_config(run_cfg, arm)
   wd = workdir(root, arm.name, run_cfg.seed)
   done = os.path.join(wd, DONE)
-  if os.path.exists(done):
-    with open(done, encoding="utf-8") as f:
-      record = json.load(f)
-    if record.get("overrides") != list(arm.overrides) or record.get("run") != run:
-      raise SweepError(f"{wd} holds arm {record.get('overrides')} from {record.get('run')}, not "
-                       f"{list(arm.overrides)} from {run}: choose another --root or arm name")
-    return dict(record, skipped=True)
+  what = {"overrides": list(arm.overrides), "run": run}
+  for name in (DONE, ARM):  # finished, or seeded and perhaps half trained
+    path = os.path.join(wd, name)
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+      if {k: record.get(k) for k in what} != what:
+        raise SweepError(f"{wd} holds arm {record.get('overrides')} from {record.get('run')}, "
+                         f"not {what['overrides']} from {run}: choose another --root or arm "
+                         f"name")
+      if name == DONE:
+        return dict(record, skipped=True)
+      break
   ws = run_cfg.warmstart.steps
   with _run_locked(run):  # the run must not train while its checkpoint is copied
     warmstart_control.plan(run, run_cfg, steps=1)  # a kept, intact warm-start checkpoint
     with run_lock.WorkdirLock(wd):
       if warmstart_control.seed(run, wd, ws):
+        _write_json(os.path.join(wd, ARM), what)
         logging.info("seeded %s from checkpoint %d of %s", wd, ws, run)
   out = train.run(cfg, wd, pool=pool, workflow_factory=workflow_factory)
   want = ws + cfg.rl.num_steps
   result = final_result(_rows(wd))
   if out["step"] != want or result is None or result["step"] != want:
     raise SweepError(f"arm {arm.name!r} in {wd} stopped at step {out['step']}, not {want}")
-  record = dict(result, arm=arm.name, overrides=list(arm.overrides), run=run,
-                seed=run_cfg.seed)
-  with open(done, "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=1)
+  record = dict(result, arm=arm.name, seed=run_cfg.seed, **what)
+  _write_json(done, record)
   return dict(record, skipped=False)
+
+
+def _write_json(path: str, value: Any) -> None:
+  """Writes `value` to `path` whole or not at all (a temporary file renamed into place)."""
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1)
+  os.replace(path + ".tmp", path)
 
 
 def _mean_se(xs: Sequence[float]) -> tuple[float, Optional[float]]:
@@ -295,6 +315,7 @@ def sweep(runs: Sequence[str], root: str, arms: Sequence[Arm], *, pool=None,
   if len(set(seeds)) != len(seeds):
     raise SweepError(f"the runs must have different seeds, got "
                      f"{dict(zip(runs, seeds, strict=True))}")
+  runs = [os.path.realpath(r) for r in runs]
   cfgs = {run: eval_only.saved_config(run) for run in runs}
   results: dict[str, dict[int, dict[str, float]]] = {
       REFERENCE: {cfgs[r].seed: run_result(r, cfgs[r]) for r in runs}}
@@ -331,8 +352,13 @@ def main(argv: Sequence[str]) -> None:
   try:
     arms = [parse_arm(a) for a in _ARMS.value or ()]
     report = sweep(list(_RUNS.value), _ROOT.value, arms)
-  except (SweepError, warmstart_control.ControlError, eval_only.WorkdirError) as e:
+  except (SweepError, warmstart_control.ControlError, eval_only.WorkdirError,
+          config_drift.ConfigDriftError) as e:
     raise app.UsageError(str(e)) from e
+  except run_lock.WorkdirLockedError as e:
+    raise app.UsageError(f"{e} (a run's lock is held while it trains, or while "
+                         f"experiments.warmstart_control works on it: rerun the sweep when it "
+                         f"is done; finished arm-seeds are read back)") from e
   print(report["markdown"], flush=True)
   print(f"written: {os.path.join(_ROOT.value, 'sweep.md')}", flush=True)
 

@@ -29,7 +29,7 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
 * RL learning rate 3e-4, decayed to 0 over the RL phase (`optim.schedule='cosine'`), 16 tasks
   x 8 attempts per episode batch. Compared over four seeds' warm-starts
   (`experiments.rl_sweep`; docs/learning.md, "RL settings over four seeds"): 3e-4 ended above
-  1e-4 by +0.013 +- 0.014 (paired by seed; +0.015 +- 0.005 with 240 updates) and its gains
+  1e-4 by +0.012 +- 0.014 (paired by seed; +0.015 +- 0.006 with 240 updates) and its gains
   spread half as much between seeds; at 5e-4 the sampled reward collapsed on seed 0 (pass@1
   below the warm-start after 120 updates). A constant rate peaked early, then fell back (the
   earlier, perfect-teacher default).

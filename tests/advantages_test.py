@@ -233,8 +233,9 @@ class WeightNegativesTest(parameterized.TestCase):
     a = jnp.array([-1.0, 1.0])
     f = jax.jit(advantages.weight_negatives, static_argnums=1)
     np.testing.assert_array_equal(f(a, 0.5), [-0.5, 1.0])
-    with self.assertRaisesRegex(ValueError, "negative_weight"):
-      advantages.weight_negatives(a, -0.1)
+    for bad in (-0.1, float("nan"), float("inf")):
+      with self.assertRaisesRegex(ValueError, "negative_weight"):
+        advantages.weight_negatives(a, bad)
 
 
 if __name__ == "__main__":

@@ -37,29 +37,38 @@ class HabitJudgeTest(absltest.TestCase):
     cls.pool.close()
     super().tearDownClass()
 
-  def _rewards(self, cls, code_of):
-    wf = cls(workflow_config.WorkflowConfig(stages=("code",), reward_mode="all_pass"),
-             self.pool)
-    episodes = wf.start(self.tasks)
-    for ep, task in zip(episodes, self.tasks, strict=True):
+  def _rewards(self, cls, code_of, tasks=None):
+    """The final rewards of `cls` on episodes whose code is `code_of(task)`, and the habit
+    verdicts a `dual_judge` of `cls` recorded of the same episodes."""
+    tasks = tasks or self.tasks
+    habit = {}
+    wf = habit_share.dual_judge(cls, habit)(
+        workflow_config.WorkflowConfig(stages=("code",), reward_mode="all_pass"), self.pool)
+    episodes = wf.start(tasks)
+    for ep, task in zip(episodes, tasks, strict=True):
       ep.code = task.code_context + code_of(task)
-    return wf.finish(episodes).rewards.tolist()
+    rewards = wf.finish(episodes).rewards.tolist()
+    # The episodes are left as they were judged: their tasks and codes, the task's verdict.
+    self.assertEqual([ep.task for ep in episodes], list(tasks))
+    self.assertEqual([ep.final_reward for ep in episodes], rewards)
+    return rewards, [habit[t.task_id] for t in tasks]
 
-  def test_the_habit_passes_the_habit_judge_and_the_program_the_tasks(self):
+  def test_one_judgement_of_the_program_and_one_of_the_habit(self):
     habit = lambda t: synthetic.teacher_confusion(t).source()
     right = lambda t: t.reference_solution
-    self.assertEqual(self._rewards(workflow_lib.Workflow, right), [1.0] * 6)
-    self.assertEqual(self._rewards(workflow_lib.Workflow, habit), [0.0] * 6)
-    self.assertEqual(self._rewards(habit_share.HabitJudge, habit), [1.0] * 6)
-    self.assertEqual(self._rewards(habit_share.HabitJudge, right), [0.0] * 6)
+    self.assertEqual(self._rewards(workflow_lib.Workflow, right), ([1.0] * 6, [False] * 6))
+    self.assertEqual(self._rewards(workflow_lib.Workflow, habit), ([0.0] * 6, [True] * 6))
+    mixed = lambda t: right(t) if int(t.task_id.split("-")[-1]) % 2 else habit(t)
+    rewards, habits = self._rewards(workflow_lib.Workflow, mixed)
+    self.assertEqual(rewards, [0.0, 1.0] * 3)
+    self.assertEqual(habits, [True, False] * 3)
 
   def test_a_task_without_a_program_has_no_habit(self):
     task = dataclasses.replace(self.tasks[0], metadata={})
     self.assertIsNone(habit_share.habit_task(task))
-    wf = habit_share.HabitJudge(workflow_config.WorkflowConfig(stages=("code",)), self.pool)
-    episodes = wf.start([task])
-    episodes[0].code = task.code_context + task.reference_solution
-    self.assertEqual(wf.finish(episodes).rewards.tolist(), [0.0])
+    rewards, habits = self._rewards(workflow_lib.Workflow, lambda t: t.reference_solution,
+                                    [task, self.tasks[1]])
+    self.assertEqual((rewards, habits), ([1.0, 1.0], [False, False]))
     confused = synthetic.teacher_confusion(self.tasks[0])
     got = habit_share.habit_task(self.tasks[0]).hidden_tests
     self.assertEqual([e.args for e in got], [e.args for e in self.tasks[0].hidden_tests])
@@ -78,7 +87,8 @@ class MeasureTest(absltest.TestCase):
     cls.pool = sandbox.SandboxPool(max_workers=2)
     cls.tmp = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.run_dir = os.path.join(cls.tmp, "run")
-    result = train.run(micro_run.micro_config(WS, RL), cls.run_dir, pool=cls.pool)
+    result = train.run(micro_run.micro_config(WS, RL), cls.run_dir, pool=cls.pool,
+                       workflow_factory=micro_run.LuckyWorkflow)
     assert result["step"] == WS + RL, result
 
   @classmethod
@@ -88,8 +98,12 @@ class MeasureTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_right_is_the_runs_pass_at_1_and_the_shares_add_up(self):
-    got = habit_share.measure(self.run_dir, pool=self.pool)
+    got = habit_share.measure(self.run_dir, pool=self.pool,
+                              workflow_factory=micro_run.LuckyWorkflow)
     self.assertEqual(sorted(got), [WS, WS + RL])  # the kept warm-start and the newest
+    # The run's own evaluations are by the same workflow: `right` is its logged pass@1, which
+    # the lucky workflow makes a coin's toss per task (not 0). Its codes are the task's
+    # program or a wrong stub, never the habit.
     with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f if line.strip()]
     for step, s in got.items():
@@ -97,14 +111,20 @@ class MeasureTest(absltest.TestCase):
       self.assertEqual(s["right"], logged["eval/pass_at_1"])
       self.assertEqual(s["tasks"], 4)
       self.assertAlmostEqual(s["right"] + s["habit"] + s["other"] - s["both"], 1.0)
-    self.assertEqual(list(habit_share.measure(self.run_dir, [WS], pool=self.pool)), [WS])
+      self.assertEqual(s["habit"], 0.0)
+    self.assertGreater(max(s["right"] for s in got.values()), 0.0)
+    self.assertEqual(list(habit_share.measure(self.run_dir, [WS], pool=self.pool,
+                                              workflow_factory=micro_run.LuckyWorkflow)), [WS])
 
   def test_program_writes_and_prints(self):
     fv = flags.FlagValues()
     habit_share.define_flags(fv)
     fv([__file__, f"--run={self.run_dir}", f"--steps={WS + RL}"])
+    real = habit_share.measure
+    lucky = lambda *a, **k: real(*a, workflow_factory=micro_run.LuckyWorkflow, **k)
     with mock.patch.object(habit_share, "_RUN", fv["run"]), \
          mock.patch.object(habit_share, "_STEPS", fv["steps"]), \
+         mock.patch.object(habit_share, "measure", lucky), \
          mock.patch("builtins.print") as printed:
       habit_share.main(["habit_share"])
     with open(os.path.join(self.run_dir, habit_share.OUT)) as f:

@@ -112,7 +112,7 @@ class StagedReplayTest(parameterized.TestCase):
 
   @parameterized.product(target_mode=("outcome", "return", "mixed"),
                          pack=(True, False), skip_zero=(True, False),
-                         baseline=("none", "previous_stage"), negative_weight=(1.0, 0.5))
+                         baseline=("none", "previous_stage"), negative_weight=(1.0, 0.5, 0.0))
   def test_provisional_plus_correction_equals_target(self, target_mode, pack, skip_zero,
                                                      baseline, negative_weight):
     rng = np.random.default_rng(2)
@@ -424,7 +424,7 @@ class StagedReplayTest(parameterized.TestCase):
       _make(staleness_mode="sometimes")
     with self.assertRaisesRegex(ValueError, "stage_credit"):
       _make(stage_credit="later")
-    for w in (-0.5, float("nan")):
+    for w in (-0.5, float("nan"), float("inf")):
       with self.assertRaisesRegex(ValueError, "negative_weight"):
         _make(negative_weight=w)
     with self.assertRaisesRegex(ValueError, "episode_ids"):

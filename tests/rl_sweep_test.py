@@ -11,6 +11,7 @@ import tempfile
 import threading
 from unittest import mock
 
+from absl import app
 from absl import flags
 from absl.testing import absltest
 
@@ -140,6 +141,31 @@ class RlSweepTest(absltest.TestCase):
     self.assertIn("| fast | optim.learning_rate=0.05 |", text)
     self.assertNotIn("| longer |", text)
 
+  def test_a_seeded_workdir_of_another_arm_is_refused_and_a_locked_run_named(self):
+    root = self.create_tempdir().full_path
+    wd = rl_sweep.workdir(root, "fast", 0)
+    os.makedirs(wd)
+    with open(os.path.join(wd, rl_sweep.ARM), "w") as f:  # seeded by another "fast", unfinished
+      json.dump({"overrides": ["optim.learning_rate=1e-3"],
+                 "run": os.path.realpath(self.runs[0])}, f)
+    with mock.patch.object(train, "run", side_effect=AssertionError("trained")):
+      with self.assertRaisesRegex(rl_sweep.SweepError, "holds arm"):
+        rl_sweep.run_arm(self.runs[0], root, self.arms[0])
+    with open(os.path.join(rl_sweep.workdir(self.root, "fast", 0), rl_sweep.ARM)) as f:
+      self.assertEqual(json.load(f), {"overrides": list(self.arms[0].overrides),
+                                      "run": os.path.realpath(self.runs[0])})
+    fv = flags.FlagValues()
+    rl_sweep.define_flags(fv)
+    fv([__file__, f"--runs={self.runs[0]}", f"--root={self.create_tempdir().full_path}",
+        f"--arm={ARMS[0]}"])
+    locked = run_lock.WorkdirLockedError(self.runs[0], {"pid": 1})
+    with mock.patch.object(rl_sweep, "_RUNS", fv["runs"]), \
+         mock.patch.object(rl_sweep, "_ROOT", fv["root"]), \
+         mock.patch.object(rl_sweep, "_ARMS", fv["arm"]), \
+         mock.patch.object(rl_sweep, "_run_locked", side_effect=locked):
+      with self.assertRaisesRegex(app.UsageError, "rerun the sweep"):
+        rl_sweep.main(["rl_sweep"])
+
   def test_the_runs_lock_is_waited_for_then_refused(self):
     holder = run_lock.WorkdirLock(self.runs[1]).acquire()
     timer = threading.Timer(0.5, holder.release)
@@ -185,9 +211,16 @@ class ParseArmTest(absltest.TestCase):
                           ("s: seed=3", "refused"),
                           ("w: warmstart.steps=10", "refused"),
                           ("t: task.eval_size=8", "refused"),
-                          ("m: model.n_layers=2", "refused")):
+                          ("m: model.n_layers=2", "refused"),
+                          ("b: sandbox.cpu_s=9", "refused"),
+                          ("n: workflow.max_new_tokens=8", "refused")):
       with self.subTest(text=text), self.assertRaisesRegex(rl_sweep.SweepError, message):
         rl_sweep.parse_arm(text)
+
+  def test_how_rl_credits_the_episodes_may_change(self):
+    arm = rl_sweep.parse_arm("outcome: workflow.stage_rewards=False workflow.reward_mode=all_pass")
+    self.assertFalse(rl_sweep.arm_config(micro_run.micro_config(WS, RL), arm)
+                     .workflow.stage_rewards)
 
   def test_overrides_are_checked_against_the_config(self):
     cfg = micro_run.micro_config(WS, RL)

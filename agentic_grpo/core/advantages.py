@@ -176,7 +176,8 @@ def weight_negatives(advantages: jax.Array, negative_weight: float) -> jax.Array
   is pass@1). `w = 1` is GRPO's advantage unchanged.
 
   Applied to provisional and target advantages alike (`replay.credit`), so that a provisional
-  update and its correction still sum to the weighted target's update.
+  update and its correction still sum to the weighted target's update. A `mixed` target is
+  weighted as a whole (`norm(R) + β·Â`), not term by term.
 
   Args:
     advantages: `[...]` float.
@@ -186,10 +187,10 @@ def weight_negatives(advantages: jax.Array, negative_weight: float) -> jax.Array
     float32 array of the same shape.
 
   Raises:
-    ValueError: `negative_weight` below 0.
+    ValueError: `negative_weight` below 0, infinite or NaN.
   """
-  if isinstance(negative_weight, (int, float)) and negative_weight < 0:
-    raise ValueError(f"negative_weight must be >= 0, got {negative_weight}")
+  if isinstance(negative_weight, (int, float)) and not 0 <= negative_weight < float("inf"):
+    raise ValueError(f"negative_weight must be finite and >= 0, got {negative_weight}")
   a = jnp.asarray(advantages, jnp.float32)
   return jnp.where(a < 0, a * jnp.float32(negative_weight), a)
 

@@ -139,8 +139,8 @@ class StagedReplay:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     if not 0.0 <= gamma <= 1.0:
       raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not negative_weight >= 0.0:  # NaN too
-      raise ValueError(f"negative_weight must be >= 0, got {negative_weight}")
+    if not 0.0 <= negative_weight < float("inf"):  # NaN fails too
+      raise ValueError(f"negative_weight must be finite and >= 0, got {negative_weight}")
     if pass_rate_band is not None:
       band = tuple(float(v) for v in pass_rate_band)
       if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
@@ -201,7 +201,8 @@ class StagedReplay:
         group_size=group_size, num_stages=num_stages, correction=correction.enabled,
         target_mode=correction.target, gamma=correction.gamma, beta=correction.beta,
         scale=correction.scale, baseline=correction.baseline,
-        negative_weight=correction.negative_weight, max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
+        negative_weight=correction.negative_weight,
+        max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
         stage_credit=correction.stage_credit, capacity=storage.capacity,
         when_full=storage.when_full, skip_zero_advantage=storage.skip_zero_advantage,
         pack_corrections=storage.pack_corrections and loss_additive, **options)

@@ -59,8 +59,8 @@ class CorrectionSection:
     checks.check(0.0 <= self.gamma <= 1.0, f"{path}.gamma", "must be in [0, 1]", self.gamma)
     checks.choice(f"{path}.scale", self.scale, advantages_lib.SCALES)
     checks.choice(f"{path}.baseline", self.baseline, advantages_lib.BASELINES)
-    checks.check(self.negative_weight >= 0.0, f"{path}.negative_weight", "must be >= 0",
-                 self.negative_weight)
+    checks.check(0.0 <= self.negative_weight < float("inf"), f"{path}.negative_weight",
+                 "must be finite and >= 0", self.negative_weight)
     checks.check(self.max_staleness >= 0, f"{path}.max_staleness", "must be >= 0",
                  self.max_staleness)
     checks.choice(f"{path}.staleness_mode", self.staleness_mode, correction_lib.STALENESS_MODES)
