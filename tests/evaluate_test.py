@@ -22,12 +22,12 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import exit_codes
 from agentic_grpo import sandbox
 from agentic_grpo import train
-from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import run_lock
 from agentic_grpo.train import eval_only
 from experiments import tiny_codegen
 from tests.fixtures import chat_checkpoint
+from tests.fixtures import micro_run
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -35,18 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 _WALL_CLOCK = ("eval/seconds",)
 
 
-class LuckyWorkflow(workflow_lib.Workflow):
-  """Code is the task's reference solution when the model's output has an even sum of code
-  points, else a wrong one: a random micro model then scores by chance, and every metric
-  depends on the exact tokens sampled."""
-
-  @staticmethod
-  def _parse(stage, ep, output):
-    if stage.kind == "code" and isinstance(output, str):
-      if sum(map(ord, output)) % 2 == 0:
-        return ep.task.code_context + ep.task.reference_solution
-      return f"def {ep.task.entry_point}(*args):\n  return None\n"
-    return workflow_lib.Workflow._parse(stage, ep, output)
+LuckyWorkflow = micro_run.LuckyWorkflow  # passes by the parity of the sampled tokens
 
 
 def _micro_config(**eval_section) -> config_lib.TrainConfig:
