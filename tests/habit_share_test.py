@@ -13,7 +13,6 @@ from absl.testing import absltest
 import numpy as np
 
 from agentic_grpo import sandbox
-from agentic_grpo import train
 from agentic_grpo.agent import workflow as workflow_lib
 from agentic_grpo.agent import workflow_config
 from agentic_grpo.tasks import synthetic
@@ -87,9 +86,7 @@ class MeasureTest(absltest.TestCase):
     cls.pool = sandbox.SandboxPool(max_workers=2)
     cls.tmp = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.run_dir = os.path.join(cls.tmp, "run")
-    result = train.run(micro_run.micro_config(WS, RL), cls.run_dir, pool=cls.pool,
-                       workflow_factory=micro_run.LuckyWorkflow)
-    assert result["step"] == WS + RL, result
+    micro_run.train_finished(cls.run_dir, cls.pool, WS, RL)
 
   @classmethod
   def tearDownClass(cls):
@@ -104,8 +101,7 @@ class MeasureTest(absltest.TestCase):
     # The run's own evaluations are by the same workflow: `right` is its logged pass@1, which
     # the lucky workflow makes a coin's toss per task (not 0). Its codes are the task's
     # program or a wrong stub, never the habit.
-    with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+    rows = micro_run.rows(self.run_dir)
     for step, s in got.items():
       logged = [r for r in rows if r["step"] == step and "eval/pass_at_1" in r][-1]
       self.assertEqual(s["right"], logged["eval/pass_at_1"])

@@ -27,9 +27,7 @@ WS, RL = 3, 2
 ARMS = ("fast: optim.learning_rate=0.05", "longer: rl.num_steps=3 optim.schedule=constant")
 
 
-def _rows(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+_rows = micro_run.rows
 
 
 class RlSweepTest(absltest.TestCase):
@@ -42,9 +40,7 @@ class RlSweepTest(absltest.TestCase):
     cls.runs = []
     for seed in (0, 1):
       run = os.path.join(cls.tmp, f"run{seed}")
-      result = train.run(micro_run.micro_config(WS, RL, seed), run, pool=cls.pool,
-                         workflow_factory=micro_run.LuckyWorkflow)
-      assert result["step"] == WS + RL and result["incomplete"] is None, result
+      micro_run.train_finished(run, cls.pool, WS, RL, seed)
       cls.runs.append(run)
     cls.root = os.path.join(cls.tmp, "sweep")
     cls.arms = [rl_sweep.parse_arm(a) for a in ARMS]

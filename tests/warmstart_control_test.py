@@ -30,9 +30,7 @@ def _micro() -> config_lib.TrainConfig:
   return micro_run.micro_config(WS, RL)
 
 
-def _rows(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+_rows = micro_run.rows
 
 
 def _losses(workdir: str) -> dict[int, float]:
@@ -48,8 +46,7 @@ class WarmstartControlTest(absltest.TestCase):
     cls.tmp = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.run_dir = os.path.join(cls.tmp, "run")
     cls.cfg = _micro()
-    result = train.run(cls.cfg, cls.run_dir, pool=cls.pool, workflow_factory=LuckyWorkflow)
-    assert result["step"] == WS + RL and result["incomplete"] is None, result
+    micro_run.train_finished(cls.run_dir, cls.pool, WS, RL, cfg=cls.cfg)
 
   @classmethod
   def tearDownClass(cls):
