@@ -37,7 +37,6 @@ report reads).
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -46,6 +45,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
+import numpy as np
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import config_drift
@@ -236,14 +236,12 @@ def _write_json(path: str, value: Any) -> None:
   os.replace(path + ".tmp", path)
 
 
-def _mean_se(xs: Sequence[float]) -> tuple[float, Optional[float]]:
-  """Mean and its standard error `std(ddof=1) / sqrt(n)` (None for n < 2)."""
-  n = len(xs)
-  mean = sum(xs) / n
-  if n < 2:
-    return mean, None
-  var = sum((x - mean) ** 2 for x in xs) / (n - 1)
-  return mean, math.sqrt(var / n)
+def _paired(before: Sequence[float], after: Sequence[float]) -> tuple[float, Optional[float]]:
+  """`train.paired_gain` over seeds: the mean of `after - before` and its standard error
+  (None with fewer than two seeds, the mean alone)."""
+  if len(after) < 2:
+    return (sum(after) - sum(before)) / len(after), None
+  return train.paired_gain(np.asarray(before, float), np.asarray(after, float))
 
 
 def summarise(results: dict[str, dict[int, dict[str, float]]]) -> dict[str, Any]:
@@ -261,9 +259,10 @@ def summarise(results: dict[str, dict[int, dict[str, float]]]) -> dict[str, Any]
   out = {}
   for arm, by_seed in results.items():
     seeds = sorted(by_seed)
-    gain, gain_se = _mean_se([by_seed[s]["gain"] for s in seeds])
+    gain, gain_se = _paired([0.0] * len(seeds), [by_seed[s]["gain"] for s in seeds])
     shared = [s for s in seeds if s in ref]
-    diff, diff_se = _mean_se([by_seed[s]["pass_at_1"] - ref[s]["pass_at_1"] for s in shared])
+    diff, diff_se = _paired([ref[s]["pass_at_1"] for s in shared],
+                            [by_seed[s]["pass_at_1"] for s in shared])
     out[arm] = {"seeds": seeds, "gain": gain, "gain_se": gain_se,
                 "pass_at_1": sum(by_seed[s]["pass_at_1"] for s in seeds) / len(seeds),
                 "diff": diff, "diff_se": diff_se}
