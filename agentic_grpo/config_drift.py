@@ -48,7 +48,7 @@ FIXED = frozenset({
     "correction.enabled", "correction.target", "correction.gamma", "correction.beta",
     "correction.scale", "correction.baseline", "correction.negative_weight",
     "correction.max_staleness",
-    "correction.staleness_mode", "correction.stage_credit",
+    "correction.staleness_mode", "correction.stage_credit", "correction.supersede_queued",
     "replay.capacity", "replay.when_full", "replay.skip_zero_advantage",
     "replay.pack_corrections",
     "optim.learning_rate", "optim.warmup_steps", "optim.schedule", "optim.final_lr_fraction",

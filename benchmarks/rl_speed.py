@@ -44,10 +44,13 @@ _COMMON = ("rl.temperature=0.5", "task.ambiguity_target=0.3", "task.num_public=(
 SETTINGS = {"default": _COMMON + ("optim.learning_rate=1e-4",),
             "long_horizon": _COMMON + ("correction.baseline='previous_stage'",)}
 # This tree's speed options: fields the baseline lacks, that change how an update is laid out or
-# sampled but not its loss (`config_drift`'s may-change set).
+# sampled but not its loss (`config_drift`'s may-change set); and `correction.supersede_queued`,
+# which changes which updates a segment's credit arrives in (a provisional update still queued
+# when the outcome lands is folded into the outcome row) but not any segment's total advantage.
 SPEED = ("rl.pack_prefix", "rl.packed_buckets", "rl.sampler", "rl.sampler_slots",
          "rl.reuse_prefix", "rl.prefix_cache_mb", "rl.shared_prefill", "rl.precompile_rows",
-         "rl.update_chunk_rows", "rl.sampler_compact_to", "model.causal_block")
+         "rl.update_chunk_rows", "rl.sampler_compact_to", "model.causal_block",
+         "correction.supersede_queued")
 # Fields of this tree the baseline lacks whose values here are the baseline's behaviour.
 ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,
              "eval.headroom_train_tasks": 0, "task.num_public": [2, 3],

@@ -131,6 +131,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.correction.max_staleness = 8
   # Credit the code stage with what it added to the hypothesis stage's score.
   c.correction.baseline = "previous_stage"
+  # The final reward lands in the harvest that scores the code stage, before the learner takes
+  # that stage's provisional rows: they are withdrawn and the code stage gets its target in the
+  # episode's outcome row, whose context is the same tokens (each segment's total advantage
+  # is unchanged; the hypothesis stage keeps its immediate update and its correction).
+  c.correction.supersede_queued = True
 
   # Held-out evaluation at the phase ends only (1,024 tasks, greedy, sampled and headroom:
   # 65-110 s each); a mid-run greedy one costs another ~19 s of the ten minutes.

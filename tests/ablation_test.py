@@ -59,8 +59,11 @@ class AblationTest(absltest.TestCase):
                          0, rewards[:, k])
       # The agent loop stores the stage rewards in every arm (the outcome arm's targets see
       # them); the stage arms ready provisional items, `post_hoc` once the group finishes.
+      # Every item readied, none taken yet (`correction.supersede_queued` withdraws the
+      # agentic arm's queued provisional items at the outcome: they are read before it).
+      before = list(replay._ready)
       replay.finish([0, 1, 2], final)
-      ready = list(replay._ready)  # every item readied, none taken yet
+      ready = before + [i for i in replay._ready if all(i is not b for b in before)]
       provisional = {(int(i.seg_episode[0]), int(i.seg_stage[0])): float(i.seg_advantage[0])
                      for i in ready if i.kind == "provisional"}
       if cfg.workflow.stage_rewards:

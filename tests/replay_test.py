@@ -462,6 +462,7 @@ class DefaultsTest(absltest.TestCase):
               "skip_zero_advantage": "replay.skip_zero_advantage",
               "pack_corrections": "replay.pack_corrections",
               "stage_credit": "correction.stage_credit",
+              "supersede_queued": "correction.supersede_queued",
               "drop_tied_groups": "rl.dynamic_sampling"}
     params = inspect.signature(replay_lib.StagedReplay).parameters
     got = {k: params[k].default for k in fields}
@@ -476,7 +477,7 @@ class DefaultsTest(absltest.TestCase):
     correction = config_lib.CorrectionSection(
         enabled=False, target="mixed", gamma=0.5, beta=0.25, scale="none",
         baseline="previous_stage", negative_weight=0.5, max_staleness=3,
-        staleness_mode="linear", stage_credit="post_hoc")
+        staleness_mode="linear", stage_credit="post_hoc", supersede_queued=True)
     storage = config_lib.ReplaySection(capacity=77, when_full="error",
                                        skip_zero_advantage=False, pack_corrections=False)
     replay = replay_lib.StagedReplay.from_sections(group_size=2, num_stages=3,
@@ -567,10 +568,11 @@ class PackedGradientTest(parameterized.TestCase):
     self.assertTrue(np.any(got[earlier] == 0.0))
 
 
-def _run_groups(replay, stage_r, final_r, seed=0):
+def _run_groups(replay, stage_r, final_r, seed=0, undrained=(), rows=None):
   """Runs `[B, G, S]` stage rewards and `[B, G]` final rewards through `replay` (group `b` has
-  episodes `b·G ..`), draining after every stage and at the end; returns every taken segment
-  as `(episode, stage, advantage)` and the per-segment totals."""
+  episodes `b·G ..`), draining after every stage but those in `undrained` and at the end;
+  returns every taken segment as `(episode, stage, advantage)` and the per-segment totals.
+  `rows`, a list, gets the kinds of the rows taken."""
   num_groups = stage_r.shape[0]
   ids = np.arange(num_groups * G).reshape(num_groups, G)
   eps = _Episodes(np.random.default_rng(seed), ids.ravel())
@@ -580,9 +582,16 @@ def _run_groups(replay, stage_r, final_r, seed=0):
   for k in range(replay.num_stages):
     toks, masks, blps = eps.stage(ids.ravel())
     replay.add_stage(ids.ravel(), k, toks, masks, blps, k, stage_r[..., k].ravel())
-    taken += [seg for batch in _drain(replay, k) for seg in batch.segments]
+    if k not in undrained:
+      batches = _drain(replay, k)
+      taken += [seg for batch in batches for seg in batch.segments]
+      if rows is not None:
+        rows += [kind for batch in batches for kind in batch.kinds]
   replay.finish(ids.ravel(), final_r.ravel())
-  taken += [seg for batch in _drain(replay, replay.num_stages) for seg in batch.segments]
+  batches = _drain(replay, replay.num_stages)
+  taken += [seg for batch in batches for seg in batch.segments]
+  if rows is not None:
+    rows += [kind for batch in batches for kind in batch.kinds]
   total = collections.defaultdict(float)
   for e, k, a in taken:
     total[(e, k)] += a
@@ -658,3 +667,46 @@ class GroupFilterTest(parameterized.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+class SupersedeQueuedTest(parameterized.TestCase):
+  """`supersede_queued`: provisional items still queued when the outcome lands give way to it."""
+
+  STAGE_R = GroupFilterTest.STAGE_R
+  FINAL_R = GroupFilterTest.FINAL_R
+
+  @parameterized.product(undrained=((), (S - 1,), (1, S - 1)), pack=(True, False),
+                         skip_zero=(True, False), baseline=("none", "previous_stage"))
+  def test_each_segment_still_totals_its_target(self, undrained, pack, skip_zero, baseline):
+    opts = dict(pack_corrections=pack, skip_zero_advantage=skip_zero, baseline=baseline)
+    want_kinds, got_kinds = [], []
+    _, want = _run_groups(_make(**opts), self.STAGE_R, self.FINAL_R, undrained=undrained,
+                          rows=want_kinds)
+    replay = _make(supersede_queued=True, **opts)
+    _, got = _run_groups(replay, self.STAGE_R, self.FINAL_R, undrained=undrained,
+                         rows=got_kinds)
+    for key in sorted(set(want) | set(got)):
+      self.assertAlmostEqual(got.get(key, 0.0), want.get(key, 0.0), places=5, msg=str(key))
+    # The provisional items of the stages left in the queue never reached the learner.
+    provisional = np.asarray(advantages_lib.provisional_advantages(
+        self.STAGE_R, baseline=baseline))
+    queued = sum(int(np.sum(provisional[..., k] != 0.0)) if skip_zero else provisional[..., k].size
+                 for k in undrained)
+    self.assertEqual(replay.counters["superseded_provisional_items"], queued)
+    self.assertEqual(collections.Counter(got_kinds)["provisional"],
+                     collections.Counter(want_kinds)["provisional"] - queued)
+    if undrained and queued:
+      self.assertLess(len(got_kinds), len(want_kinds))
+    self.assertEqual(replay.num_segments(), 0)
+
+  @parameterized.named_parameters(("no_correction", dict(correction=False)),
+                                  ("post_hoc", dict(stage_credit="post_hoc")),
+                                  ("outcome_only", dict(stage_rewards=False)))
+  def test_off_where_it_would_change_the_credit(self, opts):
+    # Without a correction the target is never applied; post-hoc credit holds its items
+    # outside the queue; outcome-only runs have no provisional items: nothing changes.
+    want, _ = _run_groups(_make(**opts), self.STAGE_R, self.FINAL_R, undrained=(S - 1,))
+    replay = _make(supersede_queued=True, **opts)
+    got, _ = _run_groups(replay, self.STAGE_R, self.FINAL_R, undrained=(S - 1,))
+    self.assertEqual(got, want)
+    self.assertEqual(replay.counters["superseded_provisional_items"], 0)

@@ -13,6 +13,12 @@ it, and the stage reward.
 * `stage_credit="post_hoc"` holds a group's provisional items until its final rewards, then
   readies them ahead of its corrections (`credit.held_items`): dense stage credit without
   immediacy (arm 2 of DESIGN.md §7). The default `"immediate"` readies them at once.
+* `supersede_queued`: when a group finishes, its provisional items still waiting in the queue
+  are withdrawn and their segments get their targets in full in the outcome rows instead
+  (`_supersede`): a provisional update the learner has not yet made when the outcome is known
+  would only be undone by its correction, and with the final reward landing in the same
+  harvest as the last stage (`rl.final_reward_lag=0`) its row is the outcome row's context
+  computed a second time.
 * `drop_tied_groups` (DAPO's dynamic sampling) readies nothing from a group's stage whose
   advantages are all 0, nor from a finished group without any non-zero advantage, and counts
   the latter; `pass_rate_band` withdraws the credit of finished groups whose pass rate lies
@@ -73,6 +79,7 @@ class StagedReplay:
       skip_zero_advantage: bool = _STORAGE.skip_zero_advantage,
       pack_corrections: bool = _STORAGE.pack_corrections,
       stage_credit: str = _CORRECTION.stage_credit,
+      supersede_queued: bool = _CORRECTION.supersede_queued,
       drop_tied_groups: bool = False,
       pass_rate_band: Optional[Sequence[float]] = None,
       prefix_packing: Optional[batching.PrefixPacking] = None,
@@ -106,6 +113,14 @@ class StagedReplay:
       stage_credit: when provisional items become ready, from `credit.STAGE_CREDIT`:
         `immediate` (when the group completes the stage) or `post_hoc` (held until the group's
         final rewards, then released).
+      supersede_queued: when a group finishes, withdraw its provisional items not yet taken by
+        the learner; their segments then count as not provisionally updated and get their
+        targets in full (`final` advantages, packed into the episode's outcome row when the
+        segments chain). Each segment's total advantage is its target either way (provisional
+        + correction = target). Acts only with `correction`, `stage_rewards` and `immediate`
+        stage credit (without a correction the target would not be applied at all; post-hoc
+        credit holds its items outside the queue). Counted as
+        `counters["superseded_provisional_items"]`.
       drop_tied_groups: ready no item from a group's stage whose provisional advantages are
         all 0, nor from a finished group whose every advantage (provisional and target) is 0,
         even when `skip_zero_advantage` is False; count such groups
@@ -167,6 +182,7 @@ class StagedReplay:
     self.skip_zero_advantage = bool(skip_zero_advantage)
     self.pack_corrections = bool(pack_corrections)
     self.stage_credit = stage_credit
+    self.supersede_queued = bool(supersede_queued)
     self.drop_tied_groups = bool(drop_tied_groups)
     self.pass_rate_band = pass_rate_band
     self.prefix_packing = prefix_packing
@@ -186,7 +202,8 @@ class StagedReplay:
       group_size: G (`rl.group_size`).
       num_stages: S, stages per episode.
       correction: the `correction` section: `enabled`, `target`, `gamma`, `beta`, `scale`,
-        `baseline`, `negative_weight`, `max_staleness`, `staleness_mode`, `stage_credit`.
+        `baseline`, `negative_weight`, `max_staleness`, `staleness_mode`, `stage_credit`,
+        `supersede_queued`.
       storage: the `replay` section: `capacity`, `when_full`, `skip_zero_advantage`,
         `pack_corrections`.
       loss_additive: the loss is additive over a row's segments
@@ -203,7 +220,8 @@ class StagedReplay:
         scale=correction.scale, baseline=correction.baseline,
         negative_weight=correction.negative_weight,
         max_staleness=correction.max_staleness, staleness_mode=correction.staleness_mode,
-        stage_credit=correction.stage_credit, capacity=storage.capacity,
+        stage_credit=correction.stage_credit, supersede_queued=correction.supersede_queued,
+        capacity=storage.capacity,
         when_full=storage.when_full, skip_zero_advantage=storage.skip_zero_advantage,
         pack_corrections=storage.pack_corrections and loss_additive, **options)
 
@@ -384,6 +402,9 @@ class StagedReplay:
     """Releases finished groups, readying their corrections (one advantage call for all)."""
     ids = [self._groups.pop(g).episodes for g in group_ids]
     eps = [[self._episodes.pop(e) for e in row] for row in ids]
+    if (self.supersede_queued and self.correction and self.stage_rewards
+        and self.stage_credit == "immediate"):
+      self._supersede({e: ep for row_ids, row in zip(ids, eps) for e, ep in zip(row_ids, row)})
     grid = [[ep.segments for ep in row] for row in eps]
     final = np.array([[ep.final_reward for ep in row] for row in eps], np.float32)
     # The group filters (off: None, and everything below is as without them).
@@ -417,6 +438,23 @@ class StagedReplay:
     self.counters["correction_items"] += len(items)
     self._enforce_capacity()
     return len(held) + len(items)
+
+  def _supersede(self, finishing: dict[int, records.PendingEpisode]) -> None:
+    """Withdraws the queued provisional items of `finishing` episodes (`supersede_queued`),
+    zeroing their segments' `applied` so that `credit.correction_items` gives them their
+    targets in full."""
+    kept: collections.deque[records.Item] = collections.deque()
+    withdrawn = 0
+    for item in self._ready:
+      ep = finishing.get(int(item.seg_episode[0])) if item.kind == "provisional" else None
+      if ep is None:
+        kept.append(item)
+        continue
+      ep.segments[int(item.seg_stage[0])].applied = 0.0
+      withdrawn += 1
+    if withdrawn:
+      self._ready = kept
+      self.counters["superseded_provisional_items"] += withdrawn
 
   def _record_applied(self, item: records.Item, weight: float) -> None:
     """A provisional item left the queue with `weight`: its segment got `weight · Â`."""

@@ -42,6 +42,13 @@ class CorrectionSection:
       completes the stage: Agentic GRPO) or `post_hoc` (held until the group's final rewards:
       dense stage credit without immediacy, arm 2 of DESIGN.md §7). Needs stage rewards to
       matter.
+    supersede_queued: a provisional item still waiting in the replay when its group's final
+      rewards arrive is withdrawn, and its segment gets its target in full in the episode's
+      outcome row (`StagedReplay`'s `supersede_queued`): the learner computes that context
+      once, not twice (with `rl.final_reward_lag=0` the last stage's provisional row and the
+      correction row are the same tokens). Each segment's provisional plus correction
+      advantage is its target either way. Only with `enabled`, stage rewards and `immediate`
+      stage credit; False (the default) keeps every provisional update.
   """
   enabled: bool = True
   target: str = "outcome"
@@ -53,6 +60,7 @@ class CorrectionSection:
   max_staleness: int = 8
   staleness_mode: str = "drop"
   stage_credit: str = "immediate"
+  supersede_queued: bool = False
 
   def validate(self, path: str) -> None:
     checks.choice(f"{path}.target", self.target, advantages_lib.TARGET_MODES)

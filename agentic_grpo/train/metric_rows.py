@@ -77,7 +77,8 @@ import numpy as np
 
 # Running totals of the replay, logged as `replay/total_<name>`.
 REPLAY_TOTALS = ("stale_dropped_segments", "stale_downweighted_segments", "corrections",
-                 "sign_reversals", "evicted_segments", "provisional_items", "correction_items")
+                 "sign_reversals", "evicted_segments", "provisional_items", "correction_items",
+                 "superseded_provisional_items")
 
 
 def mean_rows(rows: Sequence[dict[str, float]]) -> dict[str, float]:
