@@ -16,6 +16,12 @@ Measured from each run's `metrics.jsonl` (keys both revisions log): RL episodes 
 first `--settle` updates (compilations mostly behind). The sides run one after the other on
 the same machine, baseline first per task; the machine should be otherwise idle.
 
+Episodes finish a batch at a time (the long-horizon task's 128 at once), and a side that needs
+fewer updates per episode finishes more of them in the same updates, so the last count of a
+run can fall just after a batch landed or just before. The headline ratio is therefore taken
+at equal episodes: each side's RL seconds until it had finished `N` episodes, `N` the larger
+of the counts both sides reached (`seconds_to_episodes`), the baseline's seconds over ours.
+
 Usage:
   python -m benchmarks.rl_speed --baseline=fe0bf4e [--tasks=default,long_horizon]
   python -m benchmarks.rl_speed --baseline=fe0bf4e --tasks=default --rl_steps=60
@@ -118,6 +124,21 @@ def summarise(rows: Sequence[dict[str, Any]], settle: int) -> dict[str, float]:
   return out
 
 
+def seconds_to_episodes(rows: Sequence[dict[str, Any]], n: float) -> float:
+  """The RL phase's wall seconds (`pipeline/wall_seconds` summed over RL rows) up to and
+  including the first RL row whose `loop/episodes` is at least `n`.
+
+  Raises:
+    ValueError: the run never finished `n` episodes.
+  """
+  wall = 0.0
+  for r in (r for r in rows if r.get("phase") == "rl"):
+    wall += r.get("pipeline/wall_seconds", 0.0)
+    if r.get("loop/episodes", -1.0) >= n:
+      return wall
+  raise ValueError(f"the run never finished {n} episodes")
+
+
 def _child(argv: Sequence[str]) -> None:
   """`child TREE TASK WORKDIR WARMSTART_STEPS RL_STEPS [KEY=VALUE ...]`: trains one side."""
   tree, task, workdir, ws, steps, *overrides = argv
@@ -192,7 +213,7 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
   rows, summary = [], {}
   with _worktree(baseline) as base_tree:
     for task in tasks:
-      got = {}
+      got, logged = {}, {}
       for side, tree in (("baseline", base_tree), ("ours", ROOT)):
         wd = os.path.join(root, task, side)
         overrides = () if side == "baseline" else (*SETTINGS[task], *speed)
@@ -208,14 +229,20 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
           _run_child(sys.executable, tree, task, wd, warmstart_steps, steps[task], overrides)
           open(os.path.join(wd, "DONE"), "w").close()
         with open(os.path.join(wd, "metrics.jsonl")) as f:
-          got[side] = summarise([json.loads(line) for line in f], settle)
+          logged[side] = [json.loads(line) for line in f]
+        got[side] = summarise(logged[side], settle)
+      # Both sides at the same episode count (the module docstring).
+      common = min(got["baseline"]["episodes"], got["ours"]["episodes"])
+      to_common = {side: seconds_to_episodes(logged[side], common) for side in logged}
       for side in ("baseline", "ours"):
         g = got[side]
         rows.append([task, baseline if side == "baseline" else "this tree", g["updates"],
                      int(g["episodes"]), g["rl_wall_s"], g["episodes_per_s"],
-                     g.get("settled_episodes_per_s", ""), g["learner_s"], g["sampler_s"],
-                     g["sandbox_s"], g["token_slots"]])
-      summary[f"{task}_speedup"] = round(
+                     g.get("settled_episodes_per_s", ""), int(common),
+                     round(to_common[side], 1), round(common / to_common[side], 3),
+                     g["learner_s"], g["sampler_s"], g["sandbox_s"], g["token_slots"]])
+      summary[f"{task}_speedup"] = round(to_common["baseline"] / to_common["ours"], 3)
+      summary[f"{task}_end_of_run_speedup"] = round(
           got["ours"]["episodes_per_s"] / got["baseline"]["episodes_per_s"], 3)
       if "settled_episodes_per_s" in got["ours"] and "settled_episodes_per_s" in got["baseline"]:
         summary[f"{task}_settled_speedup"] = round(
@@ -225,8 +252,8 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
       settings={"baseline": baseline, "tasks": list(tasks), "warmstart_steps": warmstart_steps,
                 "rl_steps": steps, "settle": settle, "speed": list(speed)},
       header=["task", "side", "updates", "episodes", "RL wall s", "episodes/s",
-              f"episodes/s after {settle} updates", "learner s", "sampler s", "sandbox s",
-              "learner token slots"],
+              f"episodes/s after {settle} updates", "equal episodes N", "RL s to N",
+              "episodes/s to N", "learner s", "sampler s", "sandbox s", "learner token slots"],
       rows=rows, summary=summary, load_before=load_before)
 
 

@@ -67,6 +67,16 @@ class SummariseTest(absltest.TestCase):
     self.assertAlmostEqual(got["settled_episodes_per_s"], 128 / 2.0)
     self.assertEqual(got["episodes"], 256.0)
 
+  def test_seconds_to_episodes_counts_up_to_the_row_that_reached_them(self):
+    rows = [{"step": 1, "phase": "warmstart"}, _row(2, 0, 10.0), _row(3, 128, 2.0),
+            _row(4, 128, 3.0), _row(5, 256, 4.0)]
+    del rows[3]["loop/episodes"]  # a row between two harvests
+    self.assertAlmostEqual(rl_speed.seconds_to_episodes(rows, 128), 12.0)
+    self.assertAlmostEqual(rl_speed.seconds_to_episodes(rows, 200), 19.0)
+    self.assertAlmostEqual(rl_speed.seconds_to_episodes(rows, 0), 10.0)
+    with self.assertRaisesRegex(ValueError, "never finished 384"):
+      rl_speed.seconds_to_episodes(rows, 384)
+
   def test_no_rl_row_is_an_error(self):
     with self.assertRaisesRegex(ValueError, "no RL row"):
       rl_speed.summarise([{"step": 1, "phase": "warmstart"}], settle=0)
