@@ -41,6 +41,12 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
 * `correction.baseline='previous_stage'`: the code stage is credited with what it added to the
   hypothesis stage's score, not blamed for a wrong hypothesis; on its own it gained +0.045 with
   11 held-out tasks flipping from right to wrong (without it: +0.037, 21).
+* `correction.supersede_queued=True`: the final reward lands in the harvest that scores the
+  code stage, so the code stage's provisional rows, still queued, are folded into the episode's
+  outcome row (its context computed once, not twice); the hypothesis stage keeps its immediate
+  update and its correction. Over the four seeds it ended level with the same run without it
+  (+0.005 +- 0.018, paired by seed; docs/learning.md, "More RL settings over the same four
+  seeds", which also has the batch shapes, the baseline and the warm-up tried with it).
 * Stages `hypothesis -> code`: the tests and debug stages need a model that can already write
   tests and read feedback; `experiments/full_workflow.py` runs all four.
 """
