@@ -2,9 +2,9 @@
 
 `make train` runs this config: a supervised warm-start on reference episodes, then Agentic GRPO
 (stage rewards with provisional updates, retroactive corrections), budgeted to finish within 10
-minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.139 -> 0.228, paired
-gain +0.089 +- 0.017 on seed 0; 0.142 -> 0.240, +0.099 +- 0.015 on seed 1; +0.078 +- 0.010 over
-seeds 0-3: docs/learning.md, "RL settings over four seeds"). Every
+minutes on two idle CPU cores, installs included (held-out greedy pass@1 0.139 -> 0.232, paired
+gain +0.094 +- 0.017 on seed 0; 0.142 -> 0.250, +0.108 +- 0.018 on seed 1; +0.082 +- 0.023 over
+seeds 0-3: docs/learning.md, "More RL settings over the same four seeds"). Every
 field of `agentic_grpo.config.TrainConfig` is present, so any can be overridden from the command
 line, e.g. `--config.rl.group_size=8`.
 
