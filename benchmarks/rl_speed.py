@@ -6,9 +6,10 @@ that imports that side's package (its tree first on `sys.path`), builds that sid
 of the task and applies the same settings to it (`SETTINGS`: the baseline revision's own
 pipeline-benchmark config of the task, written out field by field, so that both sides run one
 config), plus this tree's speed options (`SPEED`: layout and sampling options that change no
-update's loss). Before training, the child writes its resolved config; the parent checks that
-the two sides' configs agree on every field both have, except `SPEED`'s, and stops naming the
-first that differs.
+update's loss, and `correction.supersede_queued`, which changes which update a segment's credit
+arrives in but not the segment's total advantage). Before training, the child writes its
+resolved config; the parent checks that the two sides' configs agree on every field both have,
+except `SPEED`'s, and stops naming the first that differs.
 
 Measured from each run's `metrics.jsonl` (keys both revisions log): RL episodes finished
 (`loop/episodes` at the last RL row) over the RL phase's wall seconds (the sum of the RL rows'
@@ -20,7 +21,8 @@ Episodes finish a batch at a time (the long-horizon task's 128 at once), and a s
 fewer updates per episode finishes more of them in the same updates, so the last count of a
 run can fall just after a batch landed or just before. The headline ratio is therefore taken
 at equal episodes: each side's RL seconds until it had finished `N` episodes, `N` the larger
-of the counts both sides reached (`seconds_to_episodes`), the baseline's seconds over ours.
+of the counts both sides reached (`seconds_to_episodes`), the baseline's seconds over ours
+(`TASK_equal_episodes_speedup`; `TASK_speedup` stays the end-of-run ratio).
 
 Usage:
   python -m benchmarks.rl_speed --baseline=fe0bf4e [--tasks=default,long_horizon]
@@ -241,8 +243,10 @@ def run(baseline: str, tasks: Sequence[str] = TASKS, *, warmstart_steps: int = 1
                      g.get("settled_episodes_per_s", ""), int(common),
                      round(to_common[side], 1), round(common / to_common[side], 3),
                      g["learner_s"], g["sampler_s"], g["sandbox_s"], g["token_slots"]])
-      summary[f"{task}_speedup"] = round(to_common["baseline"] / to_common["ours"], 3)
-      summary[f"{task}_end_of_run_speedup"] = round(
+      # `_speedup` keeps its meaning in earlier records (the end of the run).
+      summary[f"{task}_equal_episodes_speedup"] = round(
+          to_common["baseline"] / to_common["ours"], 3)
+      summary[f"{task}_speedup"] = round(
           got["ours"]["episodes_per_s"] / got["baseline"]["episodes_per_s"], 3)
       if "settled_episodes_per_s" in got["ours"] and "settled_episodes_per_s" in got["baseline"]:
         summary[f"{task}_settled_speedup"] = round(

@@ -113,6 +113,11 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     # outcome's (docs/ablation.md, "Diagnosis of the stage arms").
     c.correction.baseline = "none"
   spec = ARMS[arm]
+  # Every stage's provisional update is made, as the arms are defined (DESIGN.md §7): the
+  # default task's `supersede_queued` would fold the last stage's provisional rows into the
+  # outcome row in the `agentic` arm alone (with lag 0), a difference the module docstring's
+  # table does not name. `--set=correction.supersede_queued=True` turns it on for every arm.
+  c.correction.supersede_queued = False
   c.workflow.stage_rewards = spec["stage_rewards"]
   c.correction.enabled = spec["correction"]
   c.correction.stage_credit = spec["stage_credit"]

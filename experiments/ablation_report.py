@@ -68,7 +68,10 @@ def load_run(path: str) -> Optional[dict[str, Any]]:
   upd = [r for r in rows if r.get("phase") == "rl"]
   col = lambda k: [float(r[k]) for r in upd if k in r and math.isfinite(float(r[k]))]
   last_rl = upd[-1]
-  items = float(last_rl.get("replay/total_provisional_items", 0.0))
+  # Provisional items that reached the learner: superseded ones (`correction.supersede_queued`)
+  # never did, and cannot reverse.
+  items = (float(last_rl.get("replay/total_provisional_items", 0.0))
+           - float(last_rl.get("replay/total_superseded_provisional_items", 0.0)))
   return {
       "curve": curve,
       "final": curve[-1][2],

@@ -43,8 +43,9 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
   11 held-out tasks flipping from right to wrong (without it: +0.037, 21).
 * `correction.supersede_queued=True`: the final reward lands in the harvest that scores the
   code stage, so the code stage's provisional rows, still queued, are folded into the episode's
-  outcome row (its context computed once, not twice); the hypothesis stage keeps its immediate
-  update and its correction. Over the four seeds it ended level with the same run without it
+  outcome row (its context computed once, not twice); hypothesis rows taken before the
+  outcome (the loop updates before sampling a batch's next stage) keep their update and get
+  their correction. Over the four seeds it ended level with the same run without it
   (+0.005 +- 0.018, paired by seed; docs/learning.md, "More RL settings over the same four
   seeds", which also has the batch shapes, the baseline and the warm-up tried with it).
 * Stages `hypothesis -> code`: the tests and debug stages need a model that can already write
@@ -140,7 +141,8 @@ def get_config() -> ml_collections.ConfigDict:
   # The final reward lands in the harvest that scores the code stage, before the learner takes
   # that stage's provisional rows: they are withdrawn and the code stage gets its target in the
   # episode's outcome row, whose context is the same tokens (each segment's total advantage
-  # is unchanged; the hypothesis stage keeps its immediate update and its correction).
+  # is unchanged; hypothesis rows the learner took before the outcome keep their update and
+  # get their correction).
   c.correction.supersede_queued = True
 
   # Held-out evaluation at the phase ends only (1,024 tasks, greedy, sampled and headroom:

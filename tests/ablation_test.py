@@ -34,6 +34,8 @@ class AblationTest(absltest.TestCase):
       first = cfgs["outcome"]
       for c in cfgs.values():
         self.assertEqual(c, first)  # same budget, model, tasks and optimiser
+      # Every stage's provisional update is made (the default task supersedes queued ones).
+      self.assertFalse(first["correction"]["supersede_queued"])
       self.assertGreater(first["rl"]["episode_budget"], 0)
     with self.assertRaisesRegex(ValueError, "arm"):
       ablation.arm_config("default", "oracle", 0)
@@ -184,6 +186,21 @@ class AblationTest(absltest.TestCase):
     self.assertIn("| agentic | 1 | 0.750 | +0.500 |", text)  # gain vs its warm-start
     self.assertIn("held-out pass@1 0.250.", text)
     self.assertNotIn("at or below", text)
+
+  def test_sign_reversal_share_counts_provisional_updates_that_reached_the_learner(self):
+    # 10 provisional items, 4 of them withdrawn at the outcome (`supersede_queued`) before the
+    # learner took them: 3 reversals among the 6 that were applied.
+    root = self.create_tempdir().full_path
+    rows = [{"step": 1, "phase": "warmstart", "seconds": 1.0, "eval/pass_at_1": 0.0},
+            {"step": 2, "phase": "rl", "seconds": 2.0, "loss/grad_norm": 1.0,
+             "eval/pass_at_1": 0.5, "replay/total_provisional_items": 10.0,
+             "replay/total_superseded_provisional_items": 4.0,
+             "replay/total_sign_reversals": 3.0}]
+    wd = ablation.workdir(root, "default", "agentic", 0)
+    os.makedirs(wd)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in rows))
+    self.assertAlmostEqual(ablation_report.load_run(wd)["sign_reversal_share"], 0.5)
 
   def test_stage_table_reports_the_share_that_passes_all_checks(self):
     # Two pieces, one passing all its examples and one 2 of 3: a pass share of 0.5, a mean

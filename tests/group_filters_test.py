@@ -30,6 +30,7 @@ from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.models import placement
 from agentic_grpo.train import metric_rows
+from agentic_grpo.train import rl_phase
 from experiments import tiny_codegen
 
 _WALL_CLOCK = metric_rows.WALL_CLOCK
@@ -254,6 +255,31 @@ class GroupFiltersTest(absltest.TestCase):
     abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0)}
     return checkpointer.Checkpointer(os.path.join(workdir, "checkpoints")).restore(
         None, abstract)
+
+
+class ReadiedRowsTest(absltest.TestCase):
+  """Dynamic sampling's idle-batch count reads the rows a harvest readied, net of the queued
+  provisional rows the outcome withdrew (`correction.supersede_queued`)."""
+
+  def _readied_by_one_group(self, supersede):
+    replay = replay_lib.StagedReplay(group_size=2, num_stages=2, supersede_queued=supersede)
+    s = mock.Mock(replay=replay, agent=mock.Mock(counters={"episodes": 0}), rl_saved=None)
+    phase = rl_phase.RLPhase(s)
+    before = phase._readied()
+    replay.add_group(0, [0, 1])
+    for k in range(2):  # every stage with signal, none taken by the learner
+      rows = [np.arange(3 + 4 * k, dtype=np.int32)] * 2
+      masks = [np.arange(len(r)) >= len(r) - 2 for r in rows]
+      replay.add_stage([0, 1], k, rows, masks, [np.zeros(len(r), np.float32) for r in rows],
+                       0, [1.0, 0.0])
+    replay.finish([0, 1], [1.0, 1.0])  # a tied outcome: every target is 0
+    return phase._readied() - before, replay.num_ready
+
+  def test_rows_readied_and_withdrawn_in_one_harvest_count_as_none(self):
+    self.assertEqual(self._readied_by_one_group(supersede=True), (0, 0))
+    readied, ready = self._readied_by_one_group(supersede=False)
+    self.assertGreater(ready, 0)  # provisional rows and the corrections that offset them
+    self.assertEqual(readied, ready)
 
 
 if __name__ == "__main__":

@@ -665,8 +665,6 @@ class GroupFilterTest(parameterized.TestCase):
         _make(pass_rate_band=band)
 
 
-if __name__ == "__main__":
-  absltest.main()
 
 
 class SupersedeQueuedTest(parameterized.TestCase):
@@ -699,14 +697,95 @@ class SupersedeQueuedTest(parameterized.TestCase):
       self.assertLess(len(got_kinds), len(want_kinds))
     self.assertEqual(replay.num_segments(), 0)
 
+  def _interleaved(self, replay, check):
+    """Group 0 finished (its outcome rows queued), group 1 with its first stage queued and
+    unfinished, then group 2 finishes with every stage still queued; `check(queued_before)`
+    runs right after that finish. Returns the per-segment totals once everything is drained
+    (group 1 finished last)."""
+    rng = np.random.default_rng(7)
+    ids = np.arange(3 * G).reshape(3, G)
+    eps = _Episodes(rng, ids.ravel())
+    rewards = rng.integers(0, 2, size=(3, G, S)).astype(np.float32)
+    final = rng.integers(0, 2, size=(3, G)).astype(np.float32)
+    for g in range(3):
+      replay.add_group(g, ids[g])
+    taken = []
+    drain = lambda v: taken.extend(seg for b in _drain(replay, v) for seg in b.segments)
+    stage = lambda g, k: replay.add_stage(ids[g], k, *eps.stage(ids[g]), k, rewards[g, :, k])
+    for k in range(S):
+      stage(0, k)
+      drain(k)
+    replay.finish(ids[0], final[0])  # group 0's outcome rows wait in the queue
+    stage(1, 0)  # group 1's first stage waits too
+    for k in range(S):
+      stage(2, k)
+    before = list(replay._ready)
+    replay.finish(ids[2], final[2])
+    check(before)
+    for k in range(1, S):
+      stage(1, k)
+    replay.finish(ids[1], final[1])
+    drain(S)
+    total = collections.defaultdict(float)
+    for e, k, a in taken:
+      total[(e, k)] += a
+    return total
+
+  def test_only_the_finishing_groups_queued_provisional_rows_are_withdrawn(self):
+    def check(before):
+      after = list(replay._ready)
+      group_of = lambda item: int(item.seg_episode[0]) // G
+      for item in before:
+        kept = any(item is a for a in after)
+        if group_of(item) == 2 and item.kind == "provisional":
+          self.assertFalse(kept)
+        else:  # group 0's outcome rows, group 1's provisional rows
+          self.assertTrue(kept, (group_of(item), item.kind))
+      self.assertEqual(replay.counters["superseded_provisional_items"],
+                       sum(group_of(i) == 2 and i.kind == "provisional" for i in before))
+      self.assertGreater(replay.counters["superseded_provisional_items"], 0)
+      # Group 2's segments now arrive in its outcome rows, with every stage among them.
+      outcome = [i for i in after if group_of(i) == 2]
+      self.assertEqual({int(k) for i in outcome for k in i.seg_stage}, set(range(S)))
+
+    replay = _make(supersede_queued=True, skip_zero_advantage=False)
+    got = self._interleaved(replay, check)
+    want = self._interleaved(_make(skip_zero_advantage=False), lambda before: None)
+    for key in sorted(set(want) | set(got)):
+      self.assertAlmostEqual(got.get(key, 0.0), want.get(key, 0.0), places=5, msg=str(key))
+
+  def test_a_replay_restored_mid_queue_supersedes_alike(self):
+    # The state (queued provisional rows, their segments' applied advantages) round-trips.
+    replay = _make(supersede_queued=True)
+    ids = np.arange(G)
+    eps = _Episodes(np.random.default_rng(3), ids)
+    replay.add_group(0, ids)
+    for k in range(S):
+      replay.add_stage(ids, k, *eps.stage(ids), k, [1.0, 0.0, 1.0, 0.0])
+    restored = _make(supersede_queued=True)
+    restored.load_state_dict(*replay.state_dict())
+    for r in (replay, restored):
+      r.finish(ids, [1.0, 0.0, 0.0, 1.0])
+    self.assertEqual(restored.counters["superseded_provisional_items"],
+                     replay.counters["superseded_provisional_items"])
+    self.assertGreater(replay.counters["superseded_provisional_items"], 0)
+    self.assertEqual(sorted(_drain(restored, S)[0].segments),
+                     sorted(_drain(replay, S)[0].segments))
+
   @parameterized.named_parameters(("no_correction", dict(correction=False)),
                                   ("post_hoc", dict(stage_credit="post_hoc")),
                                   ("outcome_only", dict(stage_rewards=False)))
   def test_off_where_it_would_change_the_credit(self, opts):
-    # Without a correction the target is never applied; post-hoc credit holds its items
-    # outside the queue; outcome-only runs have no provisional items: nothing changes.
+    # Without a correction a provisionally updated segment keeps its provisional advantage and
+    # never gets its target (withdrawing its row would hand it the target instead); post-hoc
+    # credit holds its items outside the queue; outcome-only runs have no provisional items:
+    # nothing changes.
     want, _ = _run_groups(_make(**opts), self.STAGE_R, self.FINAL_R, undrained=(S - 1,))
     replay = _make(supersede_queued=True, **opts)
     got, _ = _run_groups(replay, self.STAGE_R, self.FINAL_R, undrained=(S - 1,))
     self.assertEqual(got, want)
     self.assertEqual(replay.counters["superseded_provisional_items"], 0)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -16,9 +16,9 @@ it, and the stage reward.
 * `supersede_queued`: when a group finishes, its provisional items still waiting in the queue
   are withdrawn and their segments get their targets in full in the outcome rows instead
   (`_supersede`): a provisional update the learner has not yet made when the outcome is known
-  would only be undone by its correction, and with the final reward landing in the same
-  harvest as the last stage (`rl.final_reward_lag=0`) its row is the outcome row's context
-  computed a second time.
+  would be offset by its correction an update or more later, and with the final reward landing
+  in the same harvest as the last stage (`rl.final_reward_lag=0`) its row is the outcome row's
+  context computed a second time.
 * `drop_tied_groups` (DAPO's dynamic sampling) readies nothing from a group's stage whose
   advantages are all 0, nor from a finished group without any non-zero advantage, and counts
   the latter; `pass_rate_band` withdraws the credit of finished groups whose pass rate lies
@@ -118,9 +118,12 @@ class StagedReplay:
         targets in full (`final` advantages, packed into the episode's outcome row when the
         segments chain). Each segment's total advantage is its target either way (provisional
         + correction = target). Acts only with `correction`, `stage_rewards` and `immediate`
-        stage credit (without a correction the target would not be applied at all; post-hoc
-        credit holds its items outside the queue). Counted as
-        `counters["superseded_provisional_items"]`.
+        stage credit: without a correction a provisionally updated segment keeps `Â` and never
+        gets `A*`, and withdrawing its row would hand it `A*` instead; post-hoc credit holds its
+        items outside the queue. The whole credit then rides in the outcome row, so under
+        `staleness_mode="drop"` a stale outcome row leaves the segment with 0, not `Â`. Counted
+        as `counters["superseded_provisional_items"]` (`finish` returns the items it added;
+        the queue may have shrunk by these).
       drop_tied_groups: ready no item from a group's stage whose provisional advantages are
         all 0, nor from a finished group whose every advantage (provisional and target) is 0,
         even when `skip_zero_advantage` is False; count such groups

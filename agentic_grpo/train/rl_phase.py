@@ -185,9 +185,12 @@ class RLPhase:
         self.idle_batches += 1
 
   def _readied(self) -> int:
-    """Items the replay has readied so far."""
+    """Items the replay has readied so far, less those it withdrew unused
+    (`correction.supersede_queued`): a harvest that readied and withdrew the same rows readied
+    nothing."""
     counters = self.s.replay.counters
-    return counters.get("provisional_items", 0) + counters.get("correction_items", 0)
+    return (counters.get("provisional_items", 0) + counters.get("correction_items", 0)
+            - counters.get("superseded_provisional_items", 0))
 
   def _count_waiting(self, finished: bool, readied: bool) -> None:
     """Dynamic sampling's counts after a harvest (module docstring): idle batches, and
