@@ -11,7 +11,8 @@ from the same warm-start checkpoint, and compared with the runs' own RL phases s
 
 * **The runs** (`--runs`): finished runs of one config with different `seed`s, each with its
   warm-start's last checkpoint kept (`checkpoint.keep_warmstart`, the default), e.g. `make train
-  ARGS=--config.seed=S` for S = 0..3. Their own RL phases are the reference arm, `run`.
+  ARGS=--config.seed=S` for S = 0..3. Their own RL phases are the reference arm, `run`. Runs
+  whose saved configs differ in any field but `seed` and `log.*` are refused, naming the fields.
 * **An arm** (`--arm='NAME: SECTION.FIELD=VALUE ...'`, overrides separated by spaces): the run's
   saved config with the overrides, its RL phase trained in `ROOT/NAME/seedS` from a copy of the
   run's warm-start checkpoint and warm-start rows (`warmstart_control.seed`), as `make train`
@@ -296,14 +297,42 @@ def markdown(results: dict[str, dict[int, dict[str, float]]], arms: Sequence[Arm
   return "\n".join(lines) + "\n"
 
 
+# Config fields the runs may differ in besides `seed`: how a run reports, not what it computes.
+RUN_FREE = ("log.",)
+
+
+def _check_one_config(cfgs: dict[str, config_lib.TrainConfig]) -> None:
+  """Raises `SweepError` naming the fields where two runs' configs differ (other than `seed`
+  and `RUN_FREE`): the report pairs arms with the runs seed by seed, as one config's seeds."""
+  flat = {run: _flat(dataclasses.replace(cfg, seed=0)) for run, cfg in cfgs.items()}
+  first, *rest = flat
+  for run in rest:
+    differ = sorted(k for k in flat[first] if flat[first][k] != flat[run][k]
+                    and not k.startswith(RUN_FREE))
+    if differ:
+      raise SweepError(
+          f"the runs must be seeds of one config, but {run} differs from {first} in "
+          + ", ".join(f"{k} ({flat[first][k]!r} against {flat[run][k]!r})" for k in differ))
+
+
+def _flat(cfg: config_lib.TrainConfig) -> dict[str, Any]:
+  out = {}
+  for section, value in config_lib.to_dict(cfg).items():
+    if isinstance(value, dict):
+      out.update({f"{section}.{k}": v for k, v in value.items()})
+    else:
+      out[section] = value
+  return out
+
+
 def sweep(runs: Sequence[str], root: str, arms: Sequence[Arm], *, pool=None,
           workflow_factory=None) -> dict[str, Any]:
   """Runs every (arm, run) not finished yet, then writes and returns the report
   (`sweep.json`: `results` `{arm: {seed: final_result}}`, `summary`, `markdown`).
 
   Raises:
-    SweepError: no runs, two runs of one seed, two arms of one name, or as `run_result` and
-      `run_arm`.
+    SweepError: no runs, two runs of one seed, runs whose configs differ in more than the seed
+      (and `RUN_FREE`), two arms of one name, or as `run_result` and `run_arm`.
   """
   if not runs:
     raise SweepError("--runs must name at least one finished run's workdir")
@@ -316,6 +345,7 @@ def sweep(runs: Sequence[str], root: str, arms: Sequence[Arm], *, pool=None,
                      f"{dict(zip(runs, seeds, strict=True))}")
   runs = [os.path.realpath(r) for r in runs]
   cfgs = {run: eval_only.saved_config(run) for run in runs}
+  _check_one_config(cfgs)
   results: dict[str, dict[int, dict[str, float]]] = {
       REFERENCE: {cfgs[r].seed: run_result(r, cfgs[r]) for r in runs}}
   for arm in arms:

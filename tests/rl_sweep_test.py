@@ -190,6 +190,21 @@ class RlSweepTest(absltest.TestCase):
     with self.assertRaisesRegex(rl_sweep.SweepError, "has not finished its RL phase"):
       rl_sweep.sweep([rotated], self.root, [])
 
+  def test_runs_must_be_seeds_of_one_config(self):
+    other = os.path.join(self.create_tempdir().full_path, "run")
+    shutil.copytree(self.runs[1], other)
+    path = os.path.join(other, "config.json")
+    with open(path) as f:
+      cfg = json.load(f)
+    cfg["optim"]["learning_rate"] *= 2
+    cfg["log"]["progress_bar"] = not cfg["log"]["progress_bar"]
+    with open(path, "w") as f:
+      json.dump(cfg, f)
+    with self.assertRaisesRegex(rl_sweep.SweepError,
+                                r"differs from .* in optim\.learning_rate \(") as e:
+      rl_sweep.sweep([self.runs[0], other], self.create_tempdir().full_path, [])
+    self.assertNotIn("progress_bar", str(e.exception))  # how a run reports may differ
+
 
 class ParseArmTest(absltest.TestCase):
 
