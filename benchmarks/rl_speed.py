@@ -44,11 +44,12 @@ TASKS = ("default", "long_horizon")
 
 # The baseline's (fe0bf4e) pipeline-benchmark config of each task, as overrides of this tree's
 # task config: fields whose defaults have changed since (the default task's sampling
-# temperature and RL learning rate, prompt examples and teacher, the evaluation's pass@k; the
-# long-horizon arm's baseline).
+# temperature and RL learning rate, prompt examples and teacher, the evaluation's pass@k,
+# dynamic sampling and the KL penalty; the long-horizon arm's baseline).
 _COMMON = ("rl.temperature=0.5", "task.ambiguity_target=0.3", "task.num_public=(2, 3)",
            "workflow.reference_error_rate=0.0", "eval.headroom_tasks=0",
-           "eval.headroom_train_tasks=0", "checkpoint.keep_warmstart=False", "eval.k=(1, 2)")
+           "eval.headroom_train_tasks=0", "checkpoint.keep_warmstart=False", "eval.k=(1, 2)",
+           "rl.dynamic_sampling=False", "loss.kl_beta=0.0")
 SETTINGS = {"default": _COMMON + ("optim.learning_rate=1e-4",),
             "long_horizon": _COMMON + ("correction.baseline='previous_stage'",)}
 # This tree's speed options: fields the baseline lacks, that change how an update is laid out or

@@ -118,6 +118,11 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
   # outcome row in the `agentic` arm alone (with lag 0), a difference the module docstring's
   # table does not name. `--set=correction.supersede_queued=True` turns it on for every arm.
   c.correction.supersede_queued = False
+  # The ablation's budget is episodes: dynamic sampling would spend about half of it on groups
+  # it drops, and its measured arms (docs/ablation.md) ran without it and without the default
+  # task's KL penalty. `--set=rl.dynamic_sampling=True --set=loss.kl_beta=0.04` turns them on.
+  c.rl.dynamic_sampling = False
+  c.loss.kl_beta = 0.0
   c.workflow.stage_rewards = spec["stage_rewards"]
   c.correction.enabled = spec["correction"]
   c.correction.stage_credit = spec["stage_credit"]

@@ -36,6 +36,9 @@ class AblationTest(absltest.TestCase):
         self.assertEqual(c, first)  # same budget, model, tasks and optimiser
       # Every stage's provisional update is made (the default task supersedes queued ones).
       self.assertFalse(first["correction"]["supersede_queued"])
+      # Nor does an arm drop tied groups from its episode budget, or pay a KL term.
+      self.assertFalse(first["rl"]["dynamic_sampling"])
+      self.assertEqual(first["loss"]["kl_beta"], 0.0)
       self.assertGreater(first["rl"]["episode_budget"], 0)
     with self.assertRaisesRegex(ValueError, "arm"):
       ablation.arm_config("default", "oracle", 0)
