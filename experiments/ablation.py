@@ -119,8 +119,9 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
   # table does not name. `--set=correction.supersede_queued=True` turns it on for every arm.
   c.correction.supersede_queued = False
   # The ablation's budget is episodes: dynamic sampling would spend about half of it on groups
-  # it drops, and its measured arms (docs/ablation.md) ran without it and without the default
-  # task's KL penalty. `--set=rl.dynamic_sampling=True --set=loss.kl_beta=0.04` turns them on.
+  # it drops, and its measured arms (docs/ablation.md) ran without it and without a KL penalty,
+  # whatever the default task sets. `--set=rl.dynamic_sampling=True --set=loss.kl_beta=0.04`
+  # turns them on.
   c.rl.dynamic_sampling = False
   c.loss.kl_beta = 0.0
   c.workflow.stage_rewards = spec["stage_rewards"]

@@ -48,6 +48,11 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
   their correction. Over the four seeds it ended level with the same run without it
   (+0.005 +- 0.018, paired by seed; docs/learning.md, "More RL settings over the same four
   seeds", which also has the batch shapes, the baseline and the warm-up tried with it).
+* Not yet on here: `rl.dynamic_sampling=True` with `loss.kl_beta=0.04` (DAPO's dynamic
+  sampling, Yu et al., 2025; a k3 KL penalty to the warm-start policy, Shao et al., 2024) ended
+  above this RL phase on all four seeds' warm-starts, +0.028 +- 0.009, at twice its seconds
+  (docs/learning.md, "Dynamic sampling with a KL penalty"); `make train ARGS="--config.rl.
+  dynamic_sampling=True --config.loss.kl_beta=0.04"` runs it.
 * Stages `hypothesis -> code`: the tests and debug stages need a model that can already write
   tests and read feedback; `experiments/full_workflow.py` runs all four.
 """
@@ -126,14 +131,6 @@ def get_config() -> ml_collections.ConfigDict:
   # for RL to find it; at 0.5 the groups explored too little and the gain stalled at +0.07
   # (docs/learning.md, "Pilots of the RL schedule").
   c.rl.temperature = 1.0
-  # DAPO's dynamic sampling with a KL penalty to the warm-start policy (k3, beta 0.04): every
-  # update is a full 64 rows of groups with signal, sampled from about twice the episodes, and
-  # the KL term keeps the policy near the warm-start's mass. Over seeds 0-3 (the same
-  # warm-starts, the RL phase alone changed) it ended above the same run without them on every
-  # seed, +0.028 +- 0.009 (docs/learning.md, "Dynamic sampling with a KL penalty").
-  c.rl.dynamic_sampling = True
-  c.loss.kl_beta = 0.04
-  c.loss.kl_estimator = "k3"
   c.loss.aggregation = "seq_mean_token_sum_norm"
   c.loss.max_tokens = 48  # = workflow.max_new_tokens: a full segment weighs 1/rows.
   c.optim.learning_rate = 3e-4
