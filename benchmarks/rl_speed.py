@@ -44,8 +44,9 @@ TASKS = ("default", "long_horizon")
 
 # The baseline's (fe0bf4e) pipeline-benchmark config of each task, as overrides of this tree's
 # task config: fields whose defaults have changed since (the default task's sampling
-# temperature and RL learning rate, prompt examples and teacher, the evaluation's pass@k,
-# dynamic sampling and the KL penalty; the long-horizon arm's baseline).
+# temperature and RL learning rate, prompt examples and teacher, the evaluation's pass@k; the
+# long-horizon arm's baseline), and dynamic sampling and the KL penalty held off (the baseline's
+# behaviour), whatever the task config sets.
 _COMMON = ("rl.temperature=0.5", "task.ambiguity_target=0.3", "task.num_public=(2, 3)",
            "workflow.reference_error_rate=0.0", "eval.headroom_tasks=0",
            "eval.headroom_train_tasks=0", "checkpoint.keep_warmstart=False", "eval.k=(1, 2)",

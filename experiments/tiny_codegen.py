@@ -51,8 +51,8 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
 * Not yet on here: `rl.dynamic_sampling=True` with `loss.kl_beta=0.04` (DAPO's dynamic
   sampling, Yu et al., 2025; a k3 KL penalty to the warm-start policy, Shao et al., 2024) ended
   above this RL phase on all four seeds' warm-starts, +0.028 +- 0.009, at twice its seconds
-  (docs/learning.md, "Dynamic sampling with a KL penalty"); `make train ARGS="--config.rl.
-  dynamic_sampling=True --config.loss.kl_beta=0.04"` runs it.
+  (docs/learning.md, "Dynamic sampling with a KL penalty"); run it with
+  `make train ARGS="--config.rl.dynamic_sampling=True --config.loss.kl_beta=0.04"`.
 * Stages `hypothesis -> code`: the tests and debug stages need a model that can already write
   tests and read feedback; `experiments/full_workflow.py` runs all four.
 """
