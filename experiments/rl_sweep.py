@@ -303,26 +303,17 @@ RUN_FREE = ("log.",)
 
 def _check_one_config(cfgs: dict[str, config_lib.TrainConfig]) -> None:
   """Raises `SweepError` naming the fields where two runs' configs differ (other than `seed`
-  and `RUN_FREE`): the report pairs arms with the runs seed by seed, as one config's seeds."""
-  flat = {run: _flat(dataclasses.replace(cfg, seed=0)) for run, cfg in cfgs.items()}
-  first, *rest = flat
-  for run in rest:
-    differ = sorted(k for k in flat[first] if flat[first][k] != flat[run][k]
-                    and not k.startswith(RUN_FREE))
+  and `RUN_FREE`; `config_drift.changes`): the report pairs arms with the runs seed by seed, as
+  one config's seeds."""
+  (first, first_cfg), *rest = cfgs.items()
+  saved = json.loads(json.dumps(config_lib.to_dict(dataclasses.replace(first_cfg, seed=0))))
+  for run, cfg in rest:
+    differ = [c for c in config_drift.changes(saved, dataclasses.replace(cfg, seed=0))
+              if not c.field.startswith(RUN_FREE)]
     if differ:
       raise SweepError(
           f"the runs must be seeds of one config, but {run} differs from {first} in "
-          + ", ".join(f"{k} ({flat[first][k]!r} against {flat[run][k]!r})" for k in differ))
-
-
-def _flat(cfg: config_lib.TrainConfig) -> dict[str, Any]:
-  out = {}
-  for section, value in config_lib.to_dict(cfg).items():
-    if isinstance(value, dict):
-      out.update({f"{section}.{k}": v for k, v in value.items()})
-    else:
-      out[section] = value
-  return out
+          + ", ".join(f"{c.field} ({c.old!r} against {c.new!r})" for c in differ))
 
 
 def sweep(runs: Sequence[str], root: str, arms: Sequence[Arm], *, pool=None,
