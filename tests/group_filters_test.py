@@ -32,6 +32,7 @@ from agentic_grpo.models import placement
 from agentic_grpo.train import metric_rows
 from agentic_grpo.train import rl_phase
 from experiments import tiny_codegen
+from tests.fixtures import micro_run
 
 _WALL_CLOCK = metric_rows.WALL_CLOCK
 
@@ -47,7 +48,7 @@ def _micro(**overrides):
               batches_in_flight=2)
   c.warmstart.update(steps=1, batch_size=4, seq_len=128)
   c.eval.update(every=0, num_samples=0, k=(1,))
-  c.replay.skip_zero_advantage = False  # the filters, not this, drop the zero rows
+  micro_run.pin_rl_levers(c)  # the filters under test are set by each test
   c.checkpoint.every = 0
   c.log.progress_bar = False
   c.mesh.data = 1
@@ -225,8 +226,11 @@ class GroupFiltersTest(absltest.TestCase):
       self.assertNotIn(key, last)
 
   def test_pass_rate_filter_with_dynamic_sampling_resumes_exactly(self):
+    # With the default's KL penalty to the warm-start policy too (its reference is restored).
     cfg = _micro(**{"warmstart.steps": 1, "rl.num_steps": 5, "rl.dynamic_sampling": True,
-                    "rl.pass_rate_filter": (0.25, 0.75)})
+                    "rl.pass_rate_filter": (0.25, 0.75),
+                    "loss.kl_beta": tiny_codegen.get_config().loss.kl_beta})
+    self.assertGreater(cfg.loss.kl_beta, 0.0)
     _, rec, full = self._run(cfg)
     groups = rec.finished_groups(2)
     outside = sum(not 0.25 <= rate <= 0.75 for _, rate in groups.values())
@@ -252,7 +256,8 @@ class GroupFiltersTest(absltest.TestCase):
   def _final(self, workdir, cfg):
     comp = train.build(cfg, pool=self.pool)
     params = placement.init_params(comp.sharded_model, comp.model_config, 0)
-    abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0)}
+    abstract = {"state": learner.init_state(params, learner.make_optimizer(cfg.optim), 0),
+                "ref": params}
     return checkpointer.Checkpointer(os.path.join(workdir, "checkpoints")).restore(
         None, abstract)
 

@@ -32,6 +32,7 @@ import orbax.checkpoint as ocp
 
 from agentic_grpo.checkpoint import host_rows as checkpoint_host_rows
 from agentic_grpo.train import metric_rows
+from tests.fixtures import micro_run
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ _OVERRIDES = (
     # drawn apart on each process: they arrive at different times, the processes keep step.
     "--config.rl.final_reward_lag=1", "--config.workflow.final_reward_jitter_s=0.2",
     "--config.workflow.stages=('hypothesis','code')",
-    "--config.replay.skip_zero_advantage=False",
+    *micro_run.PINNED_RL_LEVER_FLAGS,
     "--config.task.eval_size=3", "--config.eval.num_samples=0", "--config.eval.k=1",
     "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
     "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",

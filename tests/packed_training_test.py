@@ -21,6 +21,7 @@ from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.train import device as device_lib
 from experiments import tiny_codegen
+from tests.fixtures import micro_run
 
 
 def _micro(**overrides):
@@ -35,7 +36,7 @@ def _micro(**overrides):
               batches_in_flight=2, num_steps=3)
   c.warmstart.update(steps=2, batch_size=4, seq_len=128)
   c.eval.update(every=0, num_samples=0, k=(1,))
-  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
+  micro_run.pin_rl_levers(c)  # a random model's groups tie: still take steps
   c.checkpoint.every = 1
   c.log.progress_bar = False
   c.log.plot = False

@@ -23,6 +23,7 @@ from absl.testing import absltest
 
 from agentic_grpo import parallel
 from agentic_grpo.checkpoint import integrity as checkpoint_integrity
+from tests.fixtures import micro_run
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ _OVERRIDES = (
     "--config.rl.num_steps=4", "--config.rl.tasks_per_batch=2", "--config.rl.group_size=4",
     "--config.rl.rows_per_update=16", "--config.rl.batches_in_flight=1",
     "--config.workflow.stages=('hypothesis','code')",
-    "--config.replay.skip_zero_advantage=False",
+    *micro_run.PINNED_RL_LEVER_FLAGS,
     "--config.task.eval_size=2", "--config.eval.num_samples=0", "--config.eval.k=1",
     "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
     "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",

@@ -445,7 +445,8 @@ class PackedUpdateTest(parameterized.TestCase):
 
   def test_unpacked_layout_in_a_packed_batch_is_exact(self):
     """An unpacked batch in the packed layout (one item per row: branch 0, positions 0..T-1)
-    gives exactly the plain step's numbers: the tree mask and the gather add nothing."""
+    gives exactly the plain step's loss, KL and entropy, and its gradient to float rounding:
+    the tree mask and the gather add nothing."""
     graphdef, params, ref = _params()
     cfg = _cfg()
     step = learner.make_update_step(graphdef, cfg, _SGD)
@@ -454,8 +455,11 @@ class PackedUpdateTest(parameterized.TestCase):
     as_packed = u._replace(positions=layout.positions, branches=layout.branches)
     m_plain = jax.device_get(step(_state(params, _SGD), u, ref)[1])
     m_packed = jax.device_get(step(_state(params, _SGD), as_packed, ref)[1])
-    for k in ("loss", "kl", "entropy", "grad_norm"):
+    for k in ("loss", "kl", "entropy"):
       self.assertEqual(float(m_plain[k]), float(m_packed[k]), k)
+    # The backward pass's dots are two programs' (with XLA's own dot emitter, each orders its
+    # sums by its shapes): equal up to float rounding.
+    np.testing.assert_allclose(m_plain["grad_norm"], m_packed["grad_norm"], rtol=1e-6)
 
   @parameterized.named_parameters(("data8", (8, 1, 1)), ("data2_fsdp2_tensor2", (2, 2, 2)))
   def test_sharded_packed_update_equals_one_device(self, shape):

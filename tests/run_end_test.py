@@ -23,11 +23,13 @@ from absl.testing import absltest
 
 from agentic_grpo import exit_codes
 from agentic_grpo.train import metric_rows
+from tests.fixtures import micro_run
 from tests.fixtures import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LIMIT_S = 600
 _MICRO = (
+    *micro_run.PINNED_RL_LEVER_FLAGS,
     "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
     "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",
     "--config.model.max_seq_len=256", "--config.task.eval_size=2",

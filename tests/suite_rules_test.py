@@ -6,14 +6,34 @@
   are written `zip(xs[:-1], xs[1:], strict=True)`. The rule holds for every call, not only for
   loops: `enumerate(zip(...))`, `dict(zip(...))` and `sorted(zip(...))` lose elements the same
   way.
+* The suite's processes compile no XLA:CPU YNNPACK fusions (`tests/fixtures/xla_flags.py`:
+  jaxlib 0.10.2's can crash a process after the fact).
+* A test process that dies ends `make test` at once, failed, instead of hanging it: xdist's
+  replacement of a dead worker can hang `--dist loadfile` (pytest-dev/pytest-xdist#784).
 """
 
 import ast
+import os
 import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
 
 from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+
+from tests.fixtures import xla_flags
 
 TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+_YNN = "__ynn_fusion"
+# A matmul and its compiled HLO's text (XLA:CPU runs it as a YNNPACK fusion by default).
+_MATMUL_HLO = ("import jax, jax.numpy as jnp\n"
+               "x = jnp.ones((64, 64), jnp.float32)\n"
+               "print(jax.jit(lambda a: a @ a).lower(x).compile().as_text())\n")
 
 
 def loose_zips(source: str, filename: str = "<source>") -> list[int]:
@@ -46,6 +66,37 @@ class SuiteRulesTest(absltest.TestCase):
               "table = dict(zip(xs, ys))\n"
               "pairs = sorted(zip(xs[:-1], xs[1:], strict=True))\n")
     self.assertEqual(loose_zips(source), [1, 4, 7, 9])
+
+
+  def test_the_suite_compiles_no_ynn_fusions(self):
+    x = jnp.ones((64, 64), jnp.float32)
+    self.assertNotIn(_YNN, jax.jit(lambda a: a @ a).lower(x).compile().as_text())
+    # The programs a test starts compile none either; XLA's defaults do (the check can fail).
+    for flags, expected in ((" ".join(xla_flags.COMPILE_FAST), False), ("", True)):
+      env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
+      out = subprocess.run([sys.executable, "-c", _MATMUL_HLO], env=env, capture_output=True,
+                           text=True, timeout=120, check=True).stdout
+      self.assertEqual(_YNN in out, expected, flags)
+
+  def test_a_dead_test_process_ends_make_test_failed(self):
+    # `make test`'s pytest options, on two test files: one kills its process.
+    recipe = re.search(r"^test:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    options = shlex.split(recipe.split(" tests ", 1)[1].replace("$(TEST_WORKERS)", "1")
+                          .replace("$(ARGS)", ""))
+    tmp = pathlib.Path(self.create_tempdir().full_path)
+    (tmp / "pytest.ini").write_text("[pytest]\n")
+    (tmp / "a_test.py").write_text(textwrap.dedent("""\
+        import os, signal
+        def test_dies():
+          os.kill(os.getpid(), signal.SIGSEGV)
+        """))
+    (tmp / "b_test.py").write_text("def test_runs():\n  pass\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options,
+         "a_test.py", "b_test.py"], cwd=tmp, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONFAULTHANDLER=""))
+    self.assertNotEqual(proc.returncode, 0, proc.stdout)
+    self.assertIn("crashed while running 'a_test.py::test_dies'", proc.stdout)
 
 
 if __name__ == "__main__":

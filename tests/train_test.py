@@ -45,6 +45,7 @@ from experiments import code_debug
 from experiments import full_workflow
 from experiments import outcome_grpo
 from experiments import tiny_codegen
+from tests.fixtures import micro_run
 from tests.fixtures import old_checkpoints
 
 HANG = "def f(x):\n  while True:\n    pass\n"
@@ -62,7 +63,7 @@ def _micro(module, **overrides):
   c.warmstart.update(steps=1, batch_size=4, seq_len=128)
   c.rl.num_steps = 1
   c.eval.update(every=0, num_samples=2, k=(1, 2))
-  c.replay.skip_zero_advantage = False  # A random model's groups tie: still take steps.
+  micro_run.pin_rl_levers(c)  # a random model's groups tie: still take steps
   c.rl.precompile_rows = ()  # micro shapes compile in no time (tested on its own)
   c.checkpoint.every = 1
   c.log.progress_bar = False

@@ -17,6 +17,7 @@ from agentic_grpo import sandbox
 from agentic_grpo import train
 from agentic_grpo.train import metrics as metrics_lib
 from experiments import tiny_codegen
+from tests.fixtures import micro_run
 
 
 def _micro(**log) -> config_lib.TrainConfig:
@@ -29,7 +30,7 @@ def _micro(**log) -> config_lib.TrainConfig:
               batches_in_flight=2, num_steps=3)
   c.warmstart.update(steps=1, batch_size=4, seq_len=128)
   c.eval.update(every=0, num_samples=0)
-  c.replay.skip_zero_advantage = False  # a random model's groups tie: still take steps
+  micro_run.pin_rl_levers(c)  # a random model's groups tie: still take steps
   c.checkpoint.every = 0
   c.log.update(progress_bar=False, **log)
   c.mesh.data = 1
