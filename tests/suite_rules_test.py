@@ -67,7 +67,6 @@ class SuiteRulesTest(absltest.TestCase):
               "pairs = sorted(zip(xs[:-1], xs[1:], strict=True))\n")
     self.assertEqual(loose_zips(source), [1, 4, 7, 9])
 
-
   def test_the_suite_compiles_no_ynn_fusions(self):
     x = jnp.ones((64, 64), jnp.float32)
     self.assertNotIn(_YNN, jax.jit(lambda a: a @ a).lower(x).compile().as_text())
