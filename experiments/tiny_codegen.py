@@ -51,7 +51,8 @@ greedy pass@1 over 256, 512 or 1024 tasks; docs/learning.md):
 * `rl.dynamic_sampling=True` with `loss.kl_beta=0.04` (DAPO's dynamic sampling, Yu et al.,
   2025; a k3 KL penalty to the warm-start policy, Shao et al., 2024): ended above the same RL
   phase without both on all four seeds' warm-starts, +0.028 +- 0.009 paired by seed, and
-  beat the control of the same seconds spent on warm-start steps on seed 0 by +0.105 +- 0.018;
+  beat the control of the same seconds spent on warm-start steps by +0.105 +- 0.018 (seed 0)
+  and +0.083 +- 0.017 (seed 1);
   the RL phase samples about twice the episodes (docs/learning.md, "Dynamic sampling with a KL
   penalty"). Dynamic sampling alone: +0.023 +- 0.018; the KL penalty alone: +0.013 (seeds 0
   and 1).
