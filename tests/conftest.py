@@ -28,3 +28,23 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
+
+
+import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+import jax  # pylint: disable=g-import-not-at-top
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+  """Drops JAX's compiled programs after each test file.
+
+  Each XLA:CPU executable holds about six memory mappings; a test process compiles thousands of
+  programs over the files it runs, and past the kernel's `vm.max_map_count` (65,530 by default)
+  LLVM cannot map the next one ("LLVM compilation error: Cannot allocate memory") and the
+  process crashes. Clearing the caches (and what only they held) frees those mappings.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
