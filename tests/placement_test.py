@@ -238,10 +238,11 @@ class ShardedModelTest(parameterized.TestCase):
       jax.debug.inspect_array_sharding(cache.k[0], callback=lambda s: seen.append((slots, s)))
       return real_apply(graphdef, params, tokens, positions, cache, *args, **kwargs)
 
-    sampler._sharded_jit.cache_clear()
-    counted = chex.assert_max_traces(sampler._sample_impl, n=1)
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
+    counted = chex.assert_max_traces(sampler._decode_impl, n=1)
     with mock.patch.object(transformer, "apply", spy), \
-         mock.patch.object(sampler, "_sample_impl", counted):
+         mock.patch.object(sampler, "_decode_impl", counted):
       for v in (0, 1):  # other lengths and key, same bucket: no recompilation
         out = sampler.sample(graphdef, params, *_prompts(v), jax.random.key(5 + v),
                              max_new_tokens=_NEW, greedy=True, shardings=shardings)
@@ -268,16 +269,17 @@ class ShardedModelTest(parameterized.TestCase):
     shardings = sampler.sampler_shardings(_CONFIG, mesh)
     params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
     transform = core_types.SamplingTransform(temperature=1.0)
-    sampler._sharded_jit.cache_clear()
-    counted = chex.assert_max_traces(sampler._sample_impl, n=1)
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
+    counted = chex.assert_max_traces(sampler._decode_impl, n=1)
     outs = {}
-    with mock.patch.object(sampler, "_sample_impl", counted):
+    with mock.patch.object(sampler, "_decode_impl", counted):
       for greedy in (True, False):
         outs[greedy] = sampler.sample(graphdef, params, prompts, lengths, jax.random.key(5),
                                       max_new_tokens=_NEW, greedy=greedy, transform=transform,
                                       shardings=shardings)
     chex.clear_trace_counter()
-    self.assertEqual(sampler._sharded_jit.cache_info().currsize, 1)
+    self.assertEqual(sampler._sharded_decode.cache_info().currsize, 1)
     for greedy, out in outs.items():
       want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
                                            jax.random.key(5), max_new_tokens=_NEW,
@@ -338,7 +340,8 @@ class ShardedModelTest(parameterized.TestCase):
         jax.debug.callback(lambda: ran.append(width))
       return real_apply(graphdef, params, tokens, *args, **kwargs)
 
-    sampler._sharded_jit.cache_clear()
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
     with mock.patch.object(transformer, "apply", spy):
       out = jax.device_get(sampler.sample(graphdef, params, prompts, lengths,
                                           jax.random.key(3), shardings=shardings,

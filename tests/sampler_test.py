@@ -293,9 +293,12 @@ class StopAndMaskTest(parameterized.TestCase):
 class CompileTest(absltest.TestCase):
 
   def test_no_retrace_for_same_bucket(self):
-    counted = jax.jit(chex.assert_max_traces(sampler._sample_impl, n=1),
+    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
                       static_argnames=sampler._STATIC_ARGNAMES)
-    with mock.patch.object(sampler, "_SAMPLE_JIT", counted):
+    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=1),
+                              static_argnames=("graphdef", "width"))
+    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
+         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
       # Different prompt lengths and widths (same bucket), temperatures, top-p
       # values, keys, stop ids and pad ids: one trace.
       for seed, lengths, width, temperature, top_p, stop in (
@@ -387,11 +390,39 @@ class SharedPrefillTest(parameterized.TestCase):
     learner = _learner_logprobs(prompts, lengths, shared, temperature=temperature)
     np.testing.assert_allclose(shared.logprobs, learner, atol=2e-5)
 
+  def test_one_program_each_for_every_suffix_width_of_a_prompt_bucket(self):
+    # The decode is its own program over a cache laid out as the whole prompt's, shared by the
+    # whole and the shared-prefix prefill; the shared-prefix prefill's loop takes suffixes of
+    # any length: one program each for calls of other suffix widths in a prompt bucket.
+    calls = [(_grouped_prompts(seed=s, width=w), g) for s, w, g in ((3, 24, 4), (5, 30, 4),
+                                                                     (3, 24, 1))]
+    layouts = {sampler.split_shared_prefixes(*prompts, 4).suffix.shape[1]
+               for prompts, g in calls if g > 1}
+    self.assertLen(layouts, 2)  # two suffix widths
+    self.assertLen({sampler.split_shared_prefixes(*prompts, 4).group_prompts.shape
+                    for prompts, g in calls if g > 1}, 1)  # one prefix bucket
+    self.assertEqual({sampler.prompt_bucket(int(l.max())) for (_, l), _ in calls}, {32})
+    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
+                      static_argnames=sampler._STATIC_ARGNAMES)
+    # Two prefills: the shared-prefix one (both suffix widths) and the whole.
+    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=2),
+                              static_argnames=("graphdef", "width"))
+    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
+         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
+      for (prompts, lengths), group in calls:
+        out = _sample(prompts, lengths, temperature=1.0, prefix_group=group)
+        whole = _sample(prompts, lengths, temperature=1.0)
+        np.testing.assert_array_equal(out.tokens, whole.tokens)
+      chex.clear_trace_counter()
+
   def test_falls_back_to_the_whole_prefill_when_it_would_cost_more(self):
     prompts, lengths = _prompts(seed=4)  # four unrelated prompts: nothing shared
-    counted = jax.jit(chex.assert_max_traces(sampler._sample_impl, n=1),
+    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
                       static_argnames=sampler._STATIC_ARGNAMES)
-    with mock.patch.object(sampler, "_SAMPLE_JIT", counted):
+    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=1),
+                              static_argnames=("graphdef", "width"))
+    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
+         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
       whole = _sample(prompts, lengths, temperature=1.0)
       grouped = _sample(prompts, lengths, temperature=1.0, prefix_group=2)  # no new trace
       chex.clear_trace_counter()
@@ -498,9 +529,9 @@ class CompactionTest(parameterized.TestCase):
         jax.debug.callback(lambda: ran.append(width))
       return real_apply(graphdef, params, tokens, *args, **kwargs)
 
-    fresh = jax.jit(sampler._sample_impl, static_argnames=sampler._STATIC_ARGNAMES)
+    fresh = jax.jit(sampler._decode_impl, static_argnames=sampler._STATIC_ARGNAMES)
     with mock.patch.object(transformer, "apply", spy), \
-         mock.patch.object(sampler, "_SAMPLE_JIT", fresh):
+         mock.patch.object(sampler, "_DECODE_JIT", fresh):
       out = jax.device_get(_sample(prompts, lengths, temperature=1.0, stop_token_ids=_STOPS,
                                    max_new_tokens=new_tokens, rng=jax.random.key(22),
                                    compact_to=compact_to))

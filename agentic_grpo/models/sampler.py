@@ -1,11 +1,11 @@
-"""Batched autoregressive sampling with a KV cache, under one `jax.jit`.
+"""Batched autoregressive sampling with a KV cache, in two jitted programs.
 
 `sample` runs a prefill over the right-padded prompts of `N = B·G` rows
-(ragged lengths), then single-token decode steps (`lax.while_loop`s: one per
-cache-length segment of `decode_segments` when the cache at least doubles over the
-decode, else one) until every row has stopped or `max_new_tokens` tokens were
-generated; with `compact_to`, once at most that many rows are still generating, they
-go on alone.
+(ragged lengths; one program), then, in a second program, single-token decode
+steps (`lax.while_loop`s: one per cache-length segment of `decode_segments` when
+the cache at least doubles over the decode, else one) until every row has stopped
+or `max_new_tokens` tokens were generated; with `compact_to`, once at most that
+many rows are still generating, they go on alone.
 Tokens are drawn from `softmax(core.logprobs.transform_logits(logits))`
 (vocabulary limit, temperature, top-k, top-p) or taken greedily (the argmax of
 the same transformed logits: an id at or past `transform.vocab_limit`, a padded
@@ -24,8 +24,14 @@ pad or EOS (which may be equal).
 Shapes are static per call: prompts are padded to a bucket (powers of two by
 default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
 `vocab_limit`, `greedy` (traced in the sharded program: greedy and sampled calls share
-it), whether top-p is on, `compact_to` and stop-table shapes reuse one compiled program;
-`temperature`, the `top_p` value, the RNG and the stop ids are traced.
+it), whether top-p is on, `compact_to` and stop-table shapes reuse one compiled decode
+program; `temperature`, the `top_p` value, the RNG and the stop ids are traced. The
+prefill is its own program, compiled per bucket (and, for the shared-prefix prefill, per
+prefix bucket; its suffixes of any length run in one loop), and hands the decode a cache
+laid out as the whole prompt's. So a call whose prefill layout is new compiles its
+prefill only (about a quarter of the compile time of the two together at the default
+task's shapes), and the evaluation's calls compile the decode programs that the RL
+phase's calls of the same row count reuse.
 
 Sharded sampling. With `shardings` (a `Shardings`, built over a device mesh by
 `sampler_shardings`) the sampler is jitted with explicit
@@ -278,82 +284,128 @@ def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group
   return SharedPrefixes(group_prompts, shared, suffix, n // group * pa + n * pb)
 
 
-def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place):
-  """The shared-prefix prefill (`sample`'s `prefix_group`): each group's shared prefix once,
-  its cache copied to the group's rows, then each row's suffix after it.
+# Suffix tokens per step of the shared-prefix prefill's loop (`_shared_prefill`).
+SUFFIX_CHUNK = 16
 
-  The cache's first `Pa` slots hold the group's prefix (valid up to its length), the next `Pb`
-  the row's suffix, at rotary positions continuing the prefix: every query attends to the
-  same keys at the same positions as in a prefill of the whole prompt, so logits and cache
-  agree with it up to float rounding. Returns the last prompt token's logits `[n, 1, V]` and
-  the `[n, Pa + Pb]` cache.
+
+def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place, width):
+  """The shared-prefix prefill (`sample`'s `prefix_group`): each group's shared prefix once,
+  its cache copied to the group's rows, then each row's suffix after it, `SUFFIX_CHUNK`
+  tokens a step, in a loop of as many steps as the longest suffix needs.
+
+  `suffix [n, width]`: each row's prompt after its group's prefix, right-padded. The suffix
+  tokens go into the slots right after the row's own prefix, at the rotary positions of a
+  whole-prompt prefill: the returned `[n, width]` cache is laid out as that prefill's (a
+  row's prompt in its first `len` slots), and every query attends to the same keys at the
+  same positions, so logits and cache agree with it up to float rounding. The program's
+  shapes depend on the row and group counts, the prefix bucket `Pa` and `width` only, not
+  on the suffixes' lengths. Returns the last prompt token's logits `[n, V]` and the cache.
   """
   group_prompts, shared_lengths = shared
   groups, pa = group_prompts.shape
-  n, pb = suffix.shape
-  g = n // groups
+  n = suffix.shape[0]
+  c = SUFFIX_CHUNK
   positions = jnp.broadcast_to(jnp.arange(pa, dtype=jnp.int32), (groups, pa))
   cache = place(transformer.init_cache(config, groups, pa))
   # The prefix's own logits are not needed: one position's, the cheapest the model offers.
   _, cache = transformer.apply(graphdef, params, group_prompts, positions, cache,
                                positions < shared_lengths[:, None],
                                logits_at=jnp.zeros((groups,), jnp.int32))
-  cache = transformer.KVCache(
-      k=tuple(jnp.repeat(x, g, axis=0) for x in cache.k),
-      v=tuple(jnp.repeat(x, g, axis=0) for x in cache.v),
-      valid=jnp.repeat(cache.valid, g, axis=0), index=cache.index)
-  cache = place(transformer.extend_cache(place(cache), pb))
-  offset = jnp.repeat(shared_lengths, g)
-  steps = jnp.arange(pb, dtype=jnp.int32)
-  suffix_lengths = prompt_lengths - offset
-  return transformer.apply(graphdef, params, suffix, offset[:, None] + steps[None, :], cache,
-                           steps[None, :] < suffix_lengths[:, None],
-                           logits_at=suffix_lengths - 1)
+  def repeat(x):  # a group's value to each of its rows
+    return jnp.repeat(x, n // groups, axis=0)
+
+  cache = transformer.KVCache(k=tuple(map(repeat, cache.k)), v=tuple(map(repeat, cache.v)),
+                              valid=repeat(cache.valid), index=cache.index)
+  # `c` slots past `width`: a loop step writes whole chunks (slots past a row's prompt are
+  # invalid, and those past `width` are dropped at the end).
+  cache = place(transformer.extend_cache(place(cache), width + c - pa))
+  offset = repeat(shared_lengths)
+  rest = prompt_lengths - offset  # at least 1
+  suffix = jnp.pad(suffix, ((0, 0), (0, c)))
+  steps = jnp.arange(c, dtype=jnp.int32)
+
+  def body(carry):
+    start, cache, last = carry
+    tokens = jax.lax.dynamic_slice_in_dim(suffix, start, c, axis=1)
+    logits, cache = transformer.apply(
+        graphdef, params, tokens, offset[:, None] + start + steps[None, :], cache,
+        start + steps[None, :] < rest[:, None], logits_at=jnp.clip(rest - 1 - start, 0, c - 1))
+    here = (rest - 1 >= start) & (rest - 1 < start + c)  # the row's last prompt token
+    return start + c, place(cache), jnp.where(here[:, None], logits[:, 0], last)
+
+  cache = cache._replace(index=offset)  # each row writes after its own prefix
+  last = jnp.zeros((n, config.vocab_size), jnp.float32)
+  _, cache, last = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(rest), body,
+                                      (jnp.int32(0), cache, last))
+  def cut(x):  # the `width` slots of the whole-prompt layout
+    return x[:, :, :width]
+
+  return last, transformer.KVCache(k=tuple(map(cut, cache.k)), v=tuple(map(cut, cache.v)),
+                                   valid=cache.valid[:, :width],
+                                   index=jnp.asarray(width, jnp.int32))
 
 
-# Long by design: one traced program, read top to bottom (prefill, the first token, the segmented
-# decode, the compacted decode); its closures `place`, `step` and `decode` share the traced
-# shapes and transform, which as separate functions would each take a dozen arguments (the
-# per-row constants reach them as `_DecodeRows`, gathered when the decode is compacted).
-def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
-                 stop_ids, stop_seqs, pad_id, shared=None, *, max_new_tokens, top_k, greedy,
-                 use_top_p, vocab_limit=0, cache_shardings=None, compact_to=0):
-  """Jitted body of `sample`; see there.
-
-  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings that the prefill and
-  decode caches are constrained to (`rows` the cache's own: the n rows, the shared prefill's
-  groups, or the compacted decode's `compact_to`). `shared`: None (`prompts` are the whole
-  prompts), or the shared-prefix prefill's `(group_prompts [n / G, Pa], shared_lengths
-  [n / G])`, `prompts` then holding each row's suffix `[n, Pb]` after its group's shared
-  prefix and `prompt_lengths` the whole prompts' lengths (`sample`'s `prefix_group`).
-  """
-  config = nnx.merge(graphdef, params).config
-  n, p = prompts.shape
-  t_max = max_new_tokens
-  # `temperature` and `top_p` traced; `top_k`, `vocab_limit` and whether top-p is on static.
-  transform = core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0,
-                                           vocab_limit)
+def _placer(cache_shardings):
+  """`cache -> cache` constrained to `cache_shardings(rows, slots)` (the identity without)."""
 
   def place(cache):
     if cache_shardings is None:
       return cache
     return jax.lax.with_sharding_constraint(cache, cache_shardings(*cache.valid.shape))
 
-  seq_len = stop_seqs.shape[-1]
-  # Prefill attends over the P prompt slots only; decoding grows the cache segment by segment.
+  return place
+
+
+def _prefill_impl(graphdef, params, prompts, prompt_lengths, shared=None, *, width,
+                  cache_shardings=None):
+  """Jitted prefill of `sample` (its own program, so that the decode's is shared by every
+  prefill layout of a prompt width): the last prompt token's logits `[n, V]` float32 and the
+  `[n, width]` cache, a row's prompt in its first `len` slots.
+
+  `prompts`: the whole prompts `[n, width]` (`shared` None), or each row's suffix
+  `[n, width]` after its group's shared prefix, right-padded, `shared` then holding
+  `(group_prompts [n / G, Pa], shared_lengths [n / G])` (`sample`'s `prefix_group`);
+  `prompt_lengths` the whole prompts'.
+  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings the caches are
+  constrained to.
+  """
+  config = nnx.merge(graphdef, params).config
+  place = _placer(cache_shardings)
+  n = prompts.shape[0]
   if shared is None:
-    cache = place(transformer.init_cache(config, n, p))
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+    cache = place(transformer.init_cache(config, n, width))
+    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (n, width))
     prompt_mask = positions < prompt_lengths[:, None]
     # Only the last prompt token's logits are needed (and the last block's MLP only there).
     logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
                                       logits_at=prompt_lengths - 1)
-  else:
-    logits, cache = _shared_prefill(graphdef, params, config, prompts, prompt_lengths, shared,
-                                    place)
-    p = cache.valid.shape[1]
-  cache = place(cache)
-  last = logits[:, 0]
+    return logits[:, 0], place(cache)
+  last, cache = _shared_prefill(graphdef, params, config, prompts, prompt_lengths, shared,
+                                place, width)
+  return last, place(cache)
+
+
+# Long by design: one traced program, read top to bottom (the first token, the segmented decode,
+# the compacted decode); its closures `step` and `decode` share the traced shapes and transform,
+# which as separate functions would each take a dozen arguments (the per-row constants reach
+# them as `_DecodeRows`, gathered when the decode is compacted).
+def _decode_impl(graphdef, params, last, cache, prompt_lengths, rng, temperature, top_p,
+                 stop_ids, stop_seqs, pad_id, *, max_new_tokens, top_k, greedy, use_top_p,
+                 vocab_limit=0, cache_shardings=None, compact_to=0):
+  """Jitted decode of `sample`; see there. `last`: the last prompt token's logits `[n, V]`,
+  `cache`: the prefill's `[n, P]` cache (`_prefill_impl`).
+
+  `cache_shardings`: None, or `(rows, slots) -> KVCache` of shardings that the decode caches
+  are constrained to (`rows` the cache's own: the n rows, or the compacted decode's
+  `compact_to`).
+  """
+  n, p = cache.valid.shape
+  t_max = max_new_tokens
+  # `temperature` and `top_p` traced; `top_k`, `vocab_limit` and whether top-p is on static.
+  transform = core_types.SamplingTransform(temperature, top_k, top_p if use_top_p else 1.0,
+                                           vocab_limit)
+  place = _placer(cache_shardings)
+  seq_len = stop_seqs.shape[-1]
 
   # Per-row constants of the decode; gathered with the rows when the decode is compacted.
   rows = _DecodeRows(keys=jax.random.split(rng, n), prompt_lengths=prompt_lengths,
@@ -441,16 +493,31 @@ def _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, to
 
 _STATIC_ARGNAMES = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p",
                     "vocab_limit", "compact_to")
-_SAMPLE_JIT = jax.jit(_sample_impl, static_argnames=_STATIC_ARGNAMES)
+_PREFILL_JIT = jax.jit(_prefill_impl, static_argnames=("graphdef", "width"))
+_DECODE_JIT = jax.jit(_decode_impl, static_argnames=_STATIC_ARGNAMES)
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, top_k: int,
-                 use_top_p: bool, vocab_limit: int, groups: Optional[int] = None,
-                 compact_to: int = 0):
-  """`_sample_impl` jitted with explicit in/out shardings for `n` global rows (and `groups`
-  global groups of a shared-prefix prefill, None without one; `compact_to` global rows
-  decoded on alone, `sample`'s).
+def _sharded_prefill(graphdef, shardings: Shardings, n: int, width: int,
+                     groups: Optional[int] = None):
+  """`_prefill_impl` jitted with explicit in/out shardings for `n` global rows of prompt width
+  `width` (and `groups` global groups of a shared-prefix prefill, None without one)."""
+  rows = shardings.rows(n)
+
+  def fn(params, prompts, prompt_lengths, shared=None):
+    return _prefill_impl(graphdef, params, prompts, prompt_lengths, shared, width=width,
+                         cache_shardings=shardings.cache)
+
+  shared = None if groups is None else (shardings.rows(groups), shardings.rows(groups))
+  return jax.jit(fn, in_shardings=(shardings.params, rows, rows, shared),
+                 out_shardings=(rows, shardings.cache(n, width)))
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_decode(graphdef, shardings: Shardings, n: int, width: int, max_new_tokens: int,
+                    top_k: int, use_top_p: bool, vocab_limit: int, compact_to: int = 0):
+  """`_decode_impl` jitted with explicit in/out shardings for `n` global rows after a prefill
+  of width `width` (`compact_to` global rows decoded on alone, `sample`'s).
 
   `greedy` is a traced (replicated) bool argument here, not a static one: greedy and sampled
   calls of the same shapes share one program (a run's evaluation compiles 8 sampler programs
@@ -460,17 +527,16 @@ def _sharded_jit(graphdef, shardings: Shardings, n: int, max_new_tokens: int, to
   rows = shardings.rows(n)
   rep = jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec())
 
-  def fn(params, prompts, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs, pad_id,
-         greedy_flag, shared=None):
-    return _sample_impl(graphdef, params, prompts, prompt_lengths, rng, temperature, top_p,
-                        stop_ids, stop_seqs, pad_id, shared, max_new_tokens=max_new_tokens,
+  def fn(params, last, cache, prompt_lengths, rng, temperature, top_p, stop_ids, stop_seqs,
+         pad_id, greedy_flag):
+    return _decode_impl(graphdef, params, last, cache, prompt_lengths, rng, temperature, top_p,
+                        stop_ids, stop_seqs, pad_id, max_new_tokens=max_new_tokens,
                         top_k=top_k, greedy=greedy_flag, use_top_p=use_top_p,
                         vocab_limit=vocab_limit, cache_shardings=shardings.cache,
                         compact_to=compact_to)
 
-  shared = None if groups is None else (shardings.rows(groups), shardings.rows(groups))
-  return jax.jit(fn, in_shardings=(shardings.params, rows, rows, rep, rep, rep, rows, rows, rep,
-                                   rep, shared),
+  return jax.jit(fn, in_shardings=(shardings.params, rows, shardings.cache(n, width), rows, rep,
+                                   rep, rep, rows, rows, rep, rep),
                  out_shardings=SampleOutput(rows, rows, rows, rows))
 
 
@@ -526,13 +592,13 @@ def sample(
       None: one `jit` that follows the arguments' placement.
     prefix_group: G, the rows come in consecutive groups of G (a GRPO group's
       attempts at one task, or its later stages) whose prompts share a prefix:
-      the shared-prefix prefill (`shared_prefixes`) computes each group's
+      the shared-prefix prefill (`split_shared_prefixes`) computes each group's
       longest common prefix once, for `N / G` rows at a width of
       `prompt_buckets`, copies its cache to the group's rows and prefills each
-      row's rest after it (`SUFFIX_BUCKETS` wide), when that prefills fewer
-      token slots than the whole prompts would (else, and at 1, the plain
-      prefill). Same tokens and log-probs up to float rounding. Single-process
-      only.
+      row's rest after it (`SUFFIX_CHUNK` tokens a loop step, up to the longest
+      rest), when that prefills fewer token slots than the whole prompts would
+      (else, and at 1, the plain prefill). Same tokens and log-probs up to float
+      rounding. Single-process only.
     compact_to: decode compaction, static (0 = off; ignored unless below the global row
       count, `N * process_count` with `shardings`): once at most `compact_to` rows are still
       generating, those rows alone (gathered with their cache, keys and stop tables) are
@@ -584,11 +650,30 @@ def sample(
   if prefix_group > 1:
     split = split_shared_prefixes(prompts, prompt_lengths, prefix_group, prompt_buckets,
                                   pad_id)
-    if split.token_slots < n * bucket:
-      prompts, shared = split.suffix, (split.group_prompts, split.shared_lengths)
+    # Its loop prefills every row's suffix in chunks up to the longest suffix.
+    longest_rest = int(np.max(prompt_lengths - np.repeat(split.shared_lengths, prefix_group)))
+    slots = (split.group_prompts.size
+             + n * sampling_rules.round_up(longest_rest, SUFFIX_CHUNK))
+    if slots < n * bucket:
+      suffix = split.suffix[:, :bucket]
+      prompts = np.concatenate(
+          [suffix, np.full((n, bucket - suffix.shape[1]), pad_id, suffix.dtype)], 1)
+      shared = (split.group_prompts, split.shared_lengths)
   if shared is None:  # the whole prompts, at the bucket's width
     prompts = (np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
                if bucket > width else prompts[:, :bucket])
+  return _prefill_and_decode(
+      graphdef, params, prompts, prompt_lengths, shared, bucket, rng, stop_ids, stop_seqs,
+      temperature=temperature, top_p=top_p, pad_id=pad_id, greedy=greedy,
+      max_new_tokens=max_new_tokens, top_k=top_k, vocab_limit=vocab_limit, shardings=shardings,
+      compact_to=compact_to)
+
+
+def _prefill_and_decode(graphdef, params, prompts, prompt_lengths, shared, width, rng, stop_ids,
+                        stop_seqs, *, temperature, top_p, pad_id, greedy, max_new_tokens, top_k,
+                        vocab_limit, shardings, compact_to):
+  """`sample`'s two programs on checked host rows (`prompts` at `width`, or the shared-prefix
+  prefill's suffix with `shared`)."""
   if shardings is not None:
     # Every host value is placed explicitly (0-d ones replicated), so that the call runs under
     # `jax.transfer_guard("disallow")`.
@@ -602,16 +687,20 @@ def sample(
     if shared is not None:
       shared = shardings.put_rows(shared)
       groups = int(shared[0].shape[0])
-    fn = _sharded_jit(graphdef, shardings, int(rows["prompts"].shape[0]), max_new_tokens,
-                      top_k, bool(top_p < 1.0), vocab_limit, groups, compact_to)
-    return fn(params, rows["prompts"], rows["lengths"], rng, rows["temperature"],
-              rows["top_p"], rows["stop_ids"], rows["stop_seqs"], rows["pad_id"], rows["greedy"],
-              shared)
+    n_global = int(rows["prompts"].shape[0])
+    last, cache = _sharded_prefill(graphdef, shardings, n_global, width, groups)(
+        params, rows["prompts"], rows["lengths"], shared)
+    fn = _sharded_decode(graphdef, shardings, n_global, width, max_new_tokens, top_k,
+                         bool(top_p < 1.0), vocab_limit, compact_to)
+    return fn(params, last, cache, rows["lengths"], rng, rows["temperature"], rows["top_p"],
+              rows["stop_ids"], rows["stop_seqs"], rows["pad_id"], rows["greedy"])
   if shared is not None:
     shared = tuple(jnp.asarray(x, jnp.int32) for x in shared)
-  return _SAMPLE_JIT(
-      graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
-      rng, jnp.float32(temperature), jnp.float32(top_p), jnp.asarray(stop_ids),
-      jnp.asarray(stop_seqs), jnp.int32(pad_id), shared, max_new_tokens=max_new_tokens,
-      top_k=top_k, greedy=bool(greedy), use_top_p=bool(top_p < 1.0), vocab_limit=vocab_limit,
-      compact_to=compact_to)
+  lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  last, cache = _PREFILL_JIT(graphdef, params, jnp.asarray(prompts, jnp.int32), lengths, shared,
+                             width=width)
+  return _DECODE_JIT(
+      graphdef, params, last, cache, lengths, rng, jnp.float32(temperature), jnp.float32(top_p),
+      jnp.asarray(stop_ids), jnp.asarray(stop_seqs), jnp.int32(pad_id),
+      max_new_tokens=max_new_tokens, top_k=top_k, greedy=bool(greedy),
+      use_top_p=bool(top_p < 1.0), vocab_limit=vocab_limit, compact_to=compact_to)
