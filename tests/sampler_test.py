@@ -415,6 +415,45 @@ class SharedPrefillTest(parameterized.TestCase):
         np.testing.assert_array_equal(out.tokens, whole.tokens)
       chex.clear_trace_counter()
 
+  def test_a_group_with_a_long_prefix_beside_groups_with_long_suffixes(self):
+    # The loop runs to the longest suffix (three chunks here); the rows of the group whose
+    # prefix is most of the bucket write their later chunks past the bucket's slots, which
+    # must leave their prompts' slots as the whole prefill has them.
+    rng = np.random.RandomState(8)
+    g, width = 8, 64
+    prompts = np.zeros((2 * g, width), np.int32)
+    lengths = np.concatenate([rng.randint(45, 57, g), rng.randint(36, 43, g)]).astype(np.int32)
+    prompts[:g, :44] = rng.randint(2, _CONFIG.vocab_size, (44,))
+    prompts[g:, :2] = rng.randint(2, _CONFIG.vocab_size, (2,))
+    for r in range(2 * g):
+      start = 44 if r < g else 2
+      prompts[r, start:lengths[r]] = rng.randint(2, _CONFIG.vocab_size, (lengths[r] - start,))
+    split = sampler.split_shared_prefixes(prompts, lengths, g)
+    offsets = np.repeat(split.shared_lengths, g)
+    rest = int((lengths - offsets).max())
+    self.assertGreater(rest, 2 * sampler.SUFFIX_CHUNK)  # three loop steps
+    # The third step's chunk starts past the bucket for the long prefix's rows.
+    self.assertGreater(offsets.max() + 2 * sampler.SUFFIX_CHUNK, width)
+    # The shared path is taken (it computes fewer slots than the whole prompts).
+    self.assertLess(split.group_prompts.size
+                    + 2 * g * sampling_rules.round_up(rest, sampler.SUFFIX_CHUNK), 2 * g * width)
+    kwargs = dict(temperature=1.0, max_new_tokens=_T, rng=jax.random.key(4),
+                  stop_token_ids=[1])
+    whole = _sample(prompts, lengths, **kwargs)
+    shared_args = []
+    real = sampler._prefill_impl
+
+    def spy(*args, **kw):
+      shared_args.append(args[4] is not None)
+      return real(*args, **kw)
+
+    with mock.patch.object(sampler, "_PREFILL_JIT",
+                           jax.jit(spy, static_argnames=("graphdef", "width"))):
+      shared = _sample(prompts, lengths, prefix_group=g, **kwargs)
+    self.assertEqual(shared_args, [True])
+    np.testing.assert_array_equal(shared.tokens, whole.tokens)
+    np.testing.assert_allclose(shared.logprobs, whole.logprobs, atol=1e-5)
+
   def test_falls_back_to_the_whole_prefill_when_it_would_cost_more(self):
     prompts, lengths = _prompts(seed=4)  # four unrelated prompts: nothing shared
     counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
