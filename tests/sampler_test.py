@@ -1,5 +1,6 @@
 """Tests for agentic_grpo.models.sampler."""
 
+import contextlib
 from unittest import mock
 
 from absl.testing import absltest
@@ -40,6 +41,19 @@ def _sample(prompts, lengths, **kwargs):
          if k in kwargs})
   return sampler.sample(graphdef, params, prompts, lengths, kwargs.pop("rng", jax.random.key(3)),
                         **kwargs)
+
+
+def _trace_limits(decode: int, prefill: int):
+  """Patches the sampler's two jitted programs with ones that fail past `decode` and
+  `prefill` traces (`chex.assert_max_traces`)."""
+  stack = contextlib.ExitStack()
+  stack.enter_context(mock.patch.object(sampler, "_DECODE_JIT", jax.jit(
+      chex.assert_max_traces(sampler._decode_impl, n=decode),
+      static_argnames=sampler._STATIC_ARGNAMES)))
+  stack.enter_context(mock.patch.object(sampler, "_PREFILL_JIT", jax.jit(
+      chex.assert_max_traces(sampler._prefill_impl, n=prefill),
+      static_argnames=("graphdef", "width"))))
+  return stack
 
 
 _sequence_logprobs = jax.jit(transformer.sequence_logprobs, static_argnums=(0, 5))
@@ -293,12 +307,7 @@ class StopAndMaskTest(parameterized.TestCase):
 class CompileTest(absltest.TestCase):
 
   def test_no_retrace_for_same_bucket(self):
-    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
-                      static_argnames=sampler._STATIC_ARGNAMES)
-    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=1),
-                              static_argnames=("graphdef", "width"))
-    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
-         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
+    with _trace_limits(decode=1, prefill=1):
       # Different prompt lengths and widths (same bucket), temperatures, top-p
       # values, keys, stop ids and pad ids: one trace.
       for seed, lengths, width, temperature, top_p, stop in (
@@ -402,13 +411,8 @@ class SharedPrefillTest(parameterized.TestCase):
     self.assertLen({sampler.split_shared_prefixes(*prompts, 4).group_prompts.shape
                     for prompts, g in calls if g > 1}, 1)  # one prefix bucket
     self.assertEqual({sampler.prompt_bucket(int(l.max())) for (_, l), _ in calls}, {32})
-    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
-                      static_argnames=sampler._STATIC_ARGNAMES)
     # Two prefills: the shared-prefix one (both suffix widths) and the whole.
-    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=2),
-                              static_argnames=("graphdef", "width"))
-    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
-         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
+    with _trace_limits(decode=1, prefill=2):
       for (prompts, lengths), group in calls:
         out = _sample(prompts, lengths, temperature=1.0, prefix_group=group)
         whole = _sample(prompts, lengths, temperature=1.0)
@@ -456,12 +460,7 @@ class SharedPrefillTest(parameterized.TestCase):
 
   def test_falls_back_to_the_whole_prefill_when_it_would_cost_more(self):
     prompts, lengths = _prompts(seed=4)  # four unrelated prompts: nothing shared
-    counted = jax.jit(chex.assert_max_traces(sampler._decode_impl, n=1),
-                      static_argnames=sampler._STATIC_ARGNAMES)
-    counted_prefill = jax.jit(chex.assert_max_traces(sampler._prefill_impl, n=1),
-                              static_argnames=("graphdef", "width"))
-    with mock.patch.object(sampler, "_DECODE_JIT", counted), \
-         mock.patch.object(sampler, "_PREFILL_JIT", counted_prefill):
+    with _trace_limits(decode=1, prefill=1):
       whole = _sample(prompts, lengths, temperature=1.0)
       grouped = _sample(prompts, lengths, temperature=1.0, prefix_group=2)  # no new trace
       chex.clear_trace_counter()
