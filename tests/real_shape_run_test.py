@@ -79,6 +79,23 @@ class HeldOutCountTest(absltest.TestCase):
     self.assertEqual(components_lib.headroom_sizes(self._cfg(64, headroom=8), _Endless()), (8, 8))
     self.assertEqual(components_lib.headroom_sizes(self._cfg(4, headroom=8)), (4, 4))
 
+  def test_headroom_takes_the_evaluation_tasks(self):
+    """The headroom's held-out tasks are the evaluation's first ones, drawn once."""
+    cfg = config_lib.from_config_dict({
+        "task": {"eval_size": 6},
+        "eval": {"headroom_tasks": 4, "headroom_train_tasks": 3}})
+    source = components_lib.task_source(cfg)
+    drawn = []
+    counting = mock.Mock(wraps=source)
+    counting.task.side_effect = lambda split, i: drawn.append((split, i)) or source.task(split, i)
+    with mock.patch.object(components_lib, "task_source", return_value=counting):
+      comp = components_lib.build(cfg, pool=mock.Mock())
+    self.assertEqual(sorted(d for d in drawn if d[0] == "test"), [("test", i) for i in range(6)])
+    self.assertEqual([t.task_id for t in comp.headroom_tasks],
+                     [t.task_id for t in comp.eval_tasks[:4]])
+    self.assertEqual(comp.headroom_tasks, [source.task("test", i) for i in range(4)])
+    self.assertEqual(comp.headroom_train_tasks, [source.task("train", i) for i in range(3)])
+
 
 class RealShapeRunTest(absltest.TestCase):
 

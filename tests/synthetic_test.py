@@ -115,6 +115,25 @@ class GrammarTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "radius"):
       synthetic.neighbors(prog, radius=0)
 
+  @parameterized.parameters("L:sort", "L:add1|rev|sum", "S:upper|slen|imod3", "I:", "S:dup")
+  def test_a_plan_gives_each_neighbours_output(self, key):
+    """The shared-prefix evaluation of a program and its neighbours equals calling each."""
+    prog = synthetic.parse_program(key)
+    plan = synthetic._plan_of_key(key)
+    near = synthetic.neighbors(prog)
+    self.assertLen(plan.neighbors, len(near))
+    # Each distinct prefix once: fewer primitive calls than the neighbours' lengths add up to
+    # (as many for the identity, whose neighbours are single primitives).
+    calls = sum(len(q.prims) for q in near) + len(prog.prims)
+    (self.assertLess if prog.prims else self.assertEqual)(len(plan.ops), calls)
+    rng = random.Random(key)
+    for _ in range(20):
+      x = rng.randint(-3, 12) if prog.in_type == synthetic.INT else _random_input(
+          rng, prog.in_type)
+      values = synthetic._evaluate(plan, x)
+      self.assertEqual(values[plan.program], prog(x))
+      self.assertEqual([values[k] for k in plan.neighbors], [q(x) for q in near])
+
   def test_witness(self):
     prog = synthetic.parse_program("L:sort")
     # [5] cannot tell sort from the identity; [2,1] can but not from sort|take3 on short lists.

@@ -42,7 +42,7 @@ import functools
 import hashlib
 import itertools
 import random
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 from agentic_grpo.tasks import task as task_lib
 
@@ -270,6 +270,41 @@ def _neighbors_of_key(key: str) -> tuple[Program, ...]:
 
 def _cached_neighbors(program: Program) -> tuple[Program, ...]:
   return _neighbors_of_key(program.key)
+
+
+class _Plan(NamedTuple):
+  """A program and its neighbours (`neighbors`) evaluated together on one input, each distinct
+  prefix of their primitives once (`_evaluate`): node 0 is the input; `ops[i - 1] = (parent,
+  fn)` makes node `i` as `fn` of node `parent`. `program` and `neighbors[j]` are the nodes of
+  the program's and of its j-th neighbour's output."""
+  ops: tuple[tuple[int, Callable[[Any], Any]], ...]
+  program: int
+  neighbors: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_of_key(key: str) -> _Plan:
+  nodes: dict[tuple[Primitive, ...], int] = {(): 0}
+  ops = []
+
+  def node(prims):
+    if prims not in nodes:
+      parent = node(prims[:-1])
+      ops.append((parent, prims[-1].fn))
+      nodes[prims] = len(ops)
+    return nodes[prims]
+
+  own = node(parse_program(key).prims)
+  neighbors_nodes = tuple(node(q.prims) for q in _neighbors_of_key(key))
+  return _Plan(tuple(ops), own, neighbors_nodes)
+
+
+def _evaluate(plan: _Plan, x: Any) -> list[Any]:
+  """Every node of `plan` on input `x` (the primitives are pure: nodes share values)."""
+  values = [x]
+  for parent, fn in plan.ops:
+    values.append(fn(values[parent]))
+  return values
 
 
 def _outputs(program: Program, inputs: Sequence[Any]) -> list[Any]:
@@ -588,7 +623,9 @@ class SyntheticTasks:
     hidden = self._distinct_inputs(rng, program.in_type, *c.hidden_len, c.num_hidden)
     if hidden is None:
       return None
-    hid_out = _outputs(program, hidden)
+    plan = _plan_of_key(program.key)
+    hid_values = [_evaluate(plan, x) for x in hidden]
+    hid_out = [v[plan.program] for v in hid_values]
     # Degenerate: constant on the hidden inputs, or equal there to a program made of a
     # subsequence of its primitives (a redundant primitive, `rev|rev`, ...).
     if all(o == hid_out[0] for o in hid_out[1:]):
@@ -603,12 +640,16 @@ class SyntheticTasks:
         if shorter.out_type == program.out_type and _same(_outputs(shorter, hidden), hid_out):
           return None
     # Neighbours that the hidden tests tell apart from the program.
-    rivals = [q for q in _cached_neighbors(program) if not _same(_outputs(q, hidden), hid_out)]
+    neighbours = _cached_neighbors(program)
+    rival_nodes = [(j, k) for j, k in enumerate(plan.neighbors)
+                   if not _same([v[k] for v in hid_values], hid_out)]
+    rivals = [neighbours[j] for j, _ in rival_nodes]
     n_pub = rng.choice(c.num_public)
     if want_ambiguous:
       publics = self._ambiguous_inputs(rng, program, rivals, n_pub, hidden)
     else:
-      publics = self._separating_inputs(rng, program, rivals, n_pub, hidden)
+      publics = self._separating_inputs(rng, program, [k for _, k in rival_nodes], n_pub,
+                                        hidden)
     if publics is None:
       return None  # no public inputs of the wanted kind: draw another program
     probe = self._distinct_inputs(rng, program.in_type, *c.probe_len, 1, exclude=publics)
@@ -628,19 +669,24 @@ class SyntheticTasks:
         return publics
     return None
 
-  def _separating_inputs(self, rng, program, rivals, n, exclude):
+  def _separating_inputs(self, rng, program, rival_nodes, n, exclude):
     """`n` inputs from a random pool that tell `program` from every rival, or None.
 
-    Greedy set cover: repeatedly the input that separates the most rivals not yet separated
-    (ties broken at random).
+    `rival_nodes`: the rivals' output nodes in `program`'s `_Plan`. Greedy set cover:
+    repeatedly the input that separates the most rivals not yet separated (ties broken at
+    random).
     """
     c = self.config
     pool = self._distinct_inputs(rng, program.in_type, *c.public_len, c.separation_pool,
                                  exclude=exclude)
     if pool is None:
       return None
-    outs = [program(x) for x in pool]
-    kills = [frozenset(j for j, q in enumerate(rivals) if q(x) != o) for x, o in zip(pool, outs)]
+    plan = _plan_of_key(program.key)
+    kills = []
+    for x in pool:
+      values = _evaluate(plan, x)
+      o = values[plan.program]
+      kills.append(frozenset(j for j, k in enumerate(rival_nodes) if values[k] != o))
     chosen, covered = [], set()
     while len(chosen) < n:
       rest = [i for i in range(len(pool)) if i not in chosen]
@@ -649,7 +695,7 @@ class SyntheticTasks:
       best = rng.choice([i for i, g in zip(rest, gains) if g == top])
       chosen.append(best)
       covered |= kills[best]
-    if len(covered) < len(rivals):
+    if len(covered) < len(rival_nodes):
       return None
     rng.shuffle(chosen)
     return [pool[i] for i in chosen]
