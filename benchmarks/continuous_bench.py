@@ -61,6 +61,7 @@ import numpy as np
 from agentic_grpo.models import continuous
 from agentic_grpo.models import prefix_cache
 from agentic_grpo.models import sampler
+from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
 from benchmarks import report
 from benchmarks import sampler as sampler_benchmark
@@ -87,7 +88,7 @@ def _static(graphdef, params, prompts, lengths, batch, new_tokens, stops):
                                jax.random.key(0), max_new_tokens=new_tokens, greedy=True,
                                stop_sequences=None if stops is None else stops[rows]))
   lengths_out = np.concatenate([np.asarray(jax.block_until_ready(o.lengths)) for o in outs])
-  bucket = sampler.prompt_bucket(int(lengths.max()))
+  bucket = sampling_rules.prompt_bucket(int(lengths.max()))
   prefill = sum(min(batch, prompts.shape[0] - s) for s in range(0, prompts.shape[0], batch))
   return lengths_out, prefill * bucket
 

@@ -26,6 +26,7 @@ from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampler
+from agentic_grpo.models import shared_prefill
 from agentic_grpo.models import transformer
 
 # Widths chosen so that every mesh axis size used below divides vocab, embed,
@@ -301,7 +302,7 @@ class ShardedModelTest(parameterized.TestCase):
     prompts[:4, :4] = prompts[0, :4]  # two groups of 4: the first shares 4 tokens
     prompts[4:, :2] = prompts[4, :2]  # the second 2
     lengths = np.maximum(lengths, 5)
-    self.assertLess(sampler.split_shared_prefixes(prompts, lengths, 4).token_slots, _N * 16)
+    self.assertLess(shared_prefill.split_shared_prefixes(prompts, lengths, 4).token_slots, _N * 16)
     want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
                                          jax.random.key(5), max_new_tokens=_NEW, greedy=True))
     mesh = parallel.make_mesh(shape)

@@ -14,6 +14,7 @@ from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import sampler
 from agentic_grpo.models import sampling_rules
+from agentic_grpo.models import shared_prefill
 from agentic_grpo.models import transformer
 from tests.fixtures import sampling_model
 
@@ -340,10 +341,11 @@ class CompileTest(absltest.TestCase):
       sampler.decode_segments(8, 0)
 
   def test_buckets(self):
-    self.assertEqual(sampler._bucket(1, sampler.DEFAULT_PROMPT_BUCKETS), 16)
-    self.assertEqual(sampler._bucket(17, sampler.DEFAULT_PROMPT_BUCKETS), 32)
+    self.assertEqual(sampling_rules.prompt_bucket(1), 16)
+    self.assertEqual(sampling_rules.prompt_bucket(17, sampling_rules.DEFAULT_PROMPT_BUCKETS), 32)
+    self.assertEqual(sampling_rules.prompt_bucket(5, (8, 4)), 8)
     with self.assertRaisesRegex(ValueError, "largest prompt bucket"):
-      sampler._bucket(9, (4, 8))
+      sampling_rules.prompt_bucket(9, (4, 8))
 
 
 def _grouped_prompts(seed=0, group=4, groups=2, width=24):
@@ -365,28 +367,11 @@ def _grouped_prompts(seed=0, group=4, groups=2, width=24):
 class SharedPrefillTest(parameterized.TestCase):
   """`sample(..., prefix_group=G)`: the shared-prefix prefill."""
 
-  def test_split_shared_prefixes(self):
-    prompts = np.array([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [7, 8, 0, 0, 0], [7, 8, 0, 0, 0],
-                        [1, 0, 0, 0, 0], [2, 3, 0, 0, 0]], np.int32)
-    lengths = np.array([4, 5, 2, 2, 1, 2], np.int32)
-    split = sampler.split_shared_prefixes(prompts, lengths, 2, prompt_buckets=(4, 8), pad_id=9)
-    # Common prefixes 3, 2 (identical rows: one token short of the shortest) and 0.
-    np.testing.assert_array_equal(split.shared_lengths, [3, 1, 0])
-    np.testing.assert_array_equal(split.group_prompts, [[1, 2, 3, 9], [7, 9, 9, 9],
-                                                        [9, 9, 9, 9]])
-    self.assertEqual(split.suffix.shape, (6, 8))
-    np.testing.assert_array_equal(split.suffix[:, :2], [[4, 9], [5, 6], [8, 9], [8, 9],
-                                                        [1, 9], [2, 3]])
-    np.testing.assert_array_equal(split.suffix[:, 2:], 9)
-    self.assertEqual(split.token_slots, 3 * 4 + 6 * 8)
-    with self.assertRaisesRegex(ValueError, "group must be a positive divisor"):
-      sampler.split_shared_prefixes(prompts, lengths, 4)
-
   @parameterized.named_parameters(("greedy", True, 1.0), ("sampled", False, 1.0),
                                   ("sampled_t07", False, 0.7))
   def test_same_tokens_and_logprobs_as_the_whole_prefill(self, greedy, temperature):
     prompts, lengths = _grouped_prompts(seed=3)
-    split = sampler.split_shared_prefixes(prompts, lengths, 4)
+    split = shared_prefill.split_shared_prefixes(prompts, lengths, 4)
     self.assertLess(split.token_slots, len(prompts) * 32)  # the shared path is taken
     kwargs = dict(greedy=greedy, temperature=temperature, max_new_tokens=_T,
                   rng=jax.random.key(11), stop_token_ids=[1])
@@ -405,12 +390,12 @@ class SharedPrefillTest(parameterized.TestCase):
     # any length: one program each for calls of other suffix widths in a prompt bucket.
     calls = [(_grouped_prompts(seed=s, width=w), g) for s, w, g in ((3, 24, 4), (5, 30, 4),
                                                                      (3, 24, 1))]
-    layouts = {sampler.split_shared_prefixes(*prompts, 4).suffix.shape[1]
+    layouts = {shared_prefill.split_shared_prefixes(*prompts, 4).suffix.shape[1]
                for prompts, g in calls if g > 1}
     self.assertLen(layouts, 2)  # two suffix widths
-    self.assertLen({sampler.split_shared_prefixes(*prompts, 4).group_prompts.shape
+    self.assertLen({shared_prefill.split_shared_prefixes(*prompts, 4).group_prompts.shape
                     for prompts, g in calls if g > 1}, 1)  # one prefix bucket
-    self.assertEqual({sampler.prompt_bucket(int(l.max())) for (_, l), _ in calls}, {32})
+    self.assertEqual({sampling_rules.prompt_bucket(int(l.max())) for (_, l), _ in calls}, {32})
     # Two prefills: the shared-prefix one (both suffix widths) and the whole.
     with _trace_limits(decode=1, prefill=2):
       for (prompts, lengths), group in calls:
@@ -432,15 +417,18 @@ class SharedPrefillTest(parameterized.TestCase):
     for r in range(2 * g):
       start = 44 if r < g else 2
       prompts[r, start:lengths[r]] = rng.randint(2, _CONFIG.vocab_size, (lengths[r] - start,))
-    split = sampler.split_shared_prefixes(prompts, lengths, g)
+    split = shared_prefill.split_shared_prefixes(prompts, lengths, g)
     offsets = np.repeat(split.shared_lengths, g)
     rest = int((lengths - offsets).max())
-    self.assertGreater(rest, 2 * sampler.SUFFIX_CHUNK)  # three loop steps
+    self.assertGreater(rest, 2 * shared_prefill.SUFFIX_CHUNK)  # three loop steps
     # The third step's chunk starts past the bucket for the long prefix's rows.
-    self.assertGreater(offsets.max() + 2 * sampler.SUFFIX_CHUNK, width)
+    self.assertGreater(offsets.max() + 2 * shared_prefill.SUFFIX_CHUNK, width)
     # The shared path is taken (it computes fewer slots than the whole prompts).
-    self.assertLess(split.group_prompts.size
-                    + 2 * g * sampling_rules.round_up(rest, sampler.SUFFIX_CHUNK), 2 * g * width)
+    layout = shared_prefill.layout(prompts, lengths, g, width)
+    self.assertIsNotNone(layout)
+    self.assertEqual(layout.token_slots, split.group_prompts.size
+                     + 2 * g * sampling_rules.round_up(rest, shared_prefill.SUFFIX_CHUNK))
+    self.assertLess(layout.token_slots, 2 * g * width)
     kwargs = dict(temperature=1.0, max_new_tokens=_T, rng=jax.random.key(4),
                   stop_token_ids=[1])
     whole = _sample(prompts, lengths, **kwargs)

@@ -232,7 +232,7 @@ def sample(
     stop_token_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]], np.ndarray]] = None,
     stop_sequences: Optional[Sequence] = None,
     pad_id: int = 0,
-    prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
+    prompt_buckets: Sequence[int] = sampling_rules.DEFAULT_PROMPT_BUCKETS,
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = programs_lib.DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
@@ -323,7 +323,7 @@ def sample_with_stats(
     stop_token_ids=None,
     stop_sequences=None,
     pad_id: int = 0,
-    prompt_buckets: Sequence[int] = sampler.DEFAULT_PROMPT_BUCKETS,
+    prompt_buckets: Sequence[int] = sampling_rules.DEFAULT_PROMPT_BUCKETS,
     slots: int = DEFAULT_SLOTS,
     steps_per_call: int = programs_lib.DEFAULT_STEPS_PER_CALL,
     refill_batch: Optional[int] = None,
@@ -375,7 +375,7 @@ def sample_with_stats(
   floor = -(-min_slots // ways) * ways  # the fewest slots of the tail, a multiple of `ways`
   t_max = int(max_new_tokens)
   lengths = req.prompt_lengths
-  widths = cache_widths(sampler.prompt_bucket(int(lengths.max()), prompt_buckets), t_max)
+  widths = cache_widths(sampling_rules.prompt_bucket(int(lengths.max()), prompt_buckets), t_max)
   run_transform = core_types.SamplingTransform(transform.temperature, transform.top_k,
                                                transform.top_p, req.vocab_limit)
   keys = jax.random.split(rng, n)
@@ -418,7 +418,7 @@ def sample_with_stats(
         g = part.size
         target = free[:g].astype(np.int32)
         if not starts[part[0]]:
-          bucket = sampler.prompt_bucket(int(lengths[part].max()), prompt_buckets)
+          bucket = sampling_rules.prompt_bucket(int(lengths[part].max()), prompt_buckets)
           batch = np.full((g, bucket), pad_id, np.int32)
           take = min(bucket, req.prompts.shape[1])
           batch[:, :take] = req.prompts[part, :take]
@@ -430,9 +430,9 @@ def sample_with_stats(
               params, state, s, width, args["prompts"], args["lengths"], args["keys"],
               args["stop_ids"], args["stop_seqs"], args["slots"], temperature, top_p, pad)
         else:
-          saved_width = sampler.prompt_bucket(int(starts[part].max()), prompt_buckets)
+          saved_width = sampling_rules.prompt_bucket(int(starts[part].max()), prompt_buckets)
           suffix_lengths = (lengths[part] - starts[part]).astype(np.int32)
-          bucket = sampler.prompt_bucket(int(suffix_lengths.max()), prompt_buckets)
+          bucket = sampling_rules.prompt_bucket(int(suffix_lengths.max()), prompt_buckets)
           batch = np.full((g, bucket), pad_id, np.int32)
           for i, r in enumerate(part):
             batch[i, :suffix_lengths[i]] = req.prompts[r, starts[r]:lengths[r]]
@@ -487,7 +487,7 @@ def sample_with_stats(
           continue
         saved_req[r] = True
         try:
-          keep = sampler.prompt_bucket(int(index[slot]), prompt_buckets)
+          keep = sampling_rules.prompt_bucket(int(index[slot]), prompt_buckets)
         except ValueError:  # longer than any prompt it could start
           continue
         saves.append((r, int(index[slot]), prefix_cache.save_rows(state.cache, slot, keep)))

@@ -26,8 +26,8 @@ default) so that calls with the same `N`, bucket, `max_new_tokens`, `top_k`,
 `vocab_limit`, `greedy` (traced in the sharded program: greedy and sampled calls share
 it), whether top-p is on, `compact_to` and stop-table shapes reuse one compiled decode
 program; `temperature`, the `top_p` value, the RNG and the stop ids are traced. The
-prefill is its own program, compiled per bucket (and, for the shared-prefix prefill, per
-prefix bucket; its suffixes of any length run in one loop), and hands the decode a cache
+prefill is its own program, compiled per bucket (and, for the shared-prefix prefill of
+`models.shared_prefill`, per prefix bucket; its suffixes of any length run in one loop), and hands the decode a cache
 laid out as the whole prompt's. So a call whose prefill layout is new compiles its
 prefill only (about a quarter of the compile time of the two together at the default
 task's shapes), and the evaluation's calls compile the decode programs that the RL
@@ -57,13 +57,11 @@ from agentic_grpo import parallel
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import placement
 from agentic_grpo.models import sampling_rules
+from agentic_grpo.models import shared_prefill
 from agentic_grpo.models import transformer
 
 FINISH_STOP = 0
 FINISH_LENGTH = 1
-
-DEFAULT_PROMPT_BUCKETS = tuple(2 ** k for k in range(4, 18))  # 16 .. 131072
-
 
 class SampleOutput(NamedTuple):
   """Result of `sample`.
@@ -184,22 +182,6 @@ def join_prompt_completion(
   return tokens.astype(jnp.int32), positions, in_prompt | in_completion, in_completion
 
 
-def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) -> int:
-  """The padded prompt width `sample` uses for a longest prompt of `length` tokens.
-
-  Raises:
-    ValueError: `length` exceeds the largest bucket.
-  """
-  return _bucket(length, buckets)
-
-
-def _bucket(length: int, buckets: Sequence[int]) -> int:
-  for b in sorted(buckets):
-    if b >= length:
-      return int(b)
-  raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
-
-
 def decode_segments(prompt_width: int, max_new_tokens: int, segments: int = 4) -> list[int]:
   """Cache slots of each decode segment: `P + k * C` up to `P + T`, `C` about `T / segments`.
 
@@ -224,125 +206,6 @@ class _DecodeRows(NamedTuple):
   prompt_lengths: jax.Array
   stop_ids: jax.Array
   stop_seqs: jax.Array
-
-
-# Widths of the rows' suffixes after their group's shared prefix (`sample`'s `prefix_group`).
-SUFFIX_BUCKETS = tuple(2 ** k for k in range(3, 18))  # 8 .. 131072
-
-
-class SharedPrefixes(NamedTuple):
-  """The shared-prefix prefill's inputs (`split_shared_prefixes`).
-
-  Attributes:
-    group_prompts: `[N / G, Pa]` int32, each group's shared prefix, right-padded.
-    shared_lengths: `[N / G]` int32, its length (0 when the group shares nothing).
-    suffix: `[N, Pb]` int32, each row's prompt after its group's prefix, right-padded
-      (at least one token per row).
-    token_slots: `N / G * Pa + N * Pb`, the token slots this prefill computes.
-  """
-  group_prompts: np.ndarray
-  shared_lengths: np.ndarray
-  suffix: np.ndarray
-  token_slots: int
-
-
-def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int,
-                          prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-                          pad_id: int = 0) -> SharedPrefixes:
-  """Splits right-padded prompts `[N, P]` (lengths `[N]`) in consecutive groups of `group`
-  rows into each group's longest common prefix and each row's rest.
-
-  A group's prefix stops one token short of its shortest prompt, so that every row keeps a
-  token to prefill after it (the one whose logits give the first sampled token). `Pa` is the
-  smallest of `prompt_buckets` that holds the longest prefix, `Pb` the smallest of
-  `SUFFIX_BUCKETS` that holds the longest rest.
-
-  Raises:
-    ValueError: `group` does not divide N, or a prompt length outside `[1, P]`.
-  """
-  prompts = np.asarray(prompts)
-  lengths = np.asarray(prompt_lengths).astype(np.int32)
-  n, width = prompts.shape
-  if group < 1 or n % group:
-    raise ValueError(f"group must be a positive divisor of the {n} rows, got {group}")
-  if np.any(lengths < 1) or np.any(lengths > width):
-    raise ValueError(f"prompt_lengths must be in [1, {width}], got {lengths.tolist()}")
-  rows = prompts.reshape(n // group, group, width)
-  same = np.all(rows == rows[:, :1], axis=1)  # [groups, P]: every row agrees at the slot
-  common = np.where(same.all(axis=1), width, np.argmin(same, axis=1))
-  shared = np.minimum(common, lengths.reshape(-1, group).min(axis=1) - 1).astype(np.int32)
-  pa = _bucket(max(int(shared.max()), 1), prompt_buckets)
-  rest = lengths - np.repeat(shared, group)
-  pb = _bucket(int(rest.max()), SUFFIX_BUCKETS)
-  group_prompts = np.full((n // group, pa), pad_id, np.int32)
-  for g, k in enumerate(shared):
-    group_prompts[g, :k] = rows[g, 0, :k]
-  suffix = np.full((n, pb), pad_id, np.int32)
-  offsets = np.repeat(shared, group)
-  for i in range(n):
-    suffix[i, :rest[i]] = prompts[i, offsets[i]:lengths[i]]
-  return SharedPrefixes(group_prompts, shared, suffix, n // group * pa + n * pb)
-
-
-# Suffix tokens per step of the shared-prefix prefill's loop (`_shared_prefill`).
-SUFFIX_CHUNK = 16
-
-
-def _shared_prefill(graphdef, params, config, suffix, prompt_lengths, shared, place, width):
-  """The shared-prefix prefill (`sample`'s `prefix_group`): each group's shared prefix once,
-  its cache copied to the group's rows, then each row's suffix after it, `SUFFIX_CHUNK`
-  tokens a step, in a loop of as many steps as the longest suffix needs.
-
-  `suffix [n, width]`: each row's prompt after its group's prefix, right-padded. The suffix
-  tokens go into the slots right after the row's own prefix, at the rotary positions of a
-  whole-prompt prefill: the returned `[n, width]` cache is laid out as that prefill's (a
-  row's prompt in its first `len` slots), and every query attends to the same keys at the
-  same positions, so logits and cache agree with it up to float rounding. The program's
-  shapes depend on the row and group counts, the prefix bucket `Pa` and `width` only, not
-  on the suffixes' lengths. Returns the last prompt token's logits `[n, V]` and the cache.
-  """
-  group_prompts, shared_lengths = shared
-  groups, pa = group_prompts.shape
-  n = suffix.shape[0]
-  c = SUFFIX_CHUNK
-  positions = jnp.broadcast_to(jnp.arange(pa, dtype=jnp.int32), (groups, pa))
-  cache = place(transformer.init_cache(config, groups, pa))
-  # The prefix's own logits are not needed: one position's, the cheapest the model offers.
-  _, cache = transformer.apply(graphdef, params, group_prompts, positions, cache,
-                               positions < shared_lengths[:, None],
-                               logits_at=jnp.zeros((groups,), jnp.int32))
-  def repeat(x):  # a group's value to each of its rows
-    return jnp.repeat(x, n // groups, axis=0)
-
-  cache = transformer.KVCache(k=tuple(map(repeat, cache.k)), v=tuple(map(repeat, cache.v)),
-                              valid=repeat(cache.valid), index=cache.index)
-  # `c` slots past `width`: a loop step writes whole chunks (slots past a row's prompt are
-  # invalid, and those past `width` are dropped at the end).
-  cache = place(transformer.extend_cache(place(cache), width + c - pa))
-  offset = repeat(shared_lengths)
-  rest = prompt_lengths - offset  # at least 1
-  suffix = jnp.pad(suffix, ((0, 0), (0, c)))
-  steps = jnp.arange(c, dtype=jnp.int32)
-
-  def body(carry):
-    start, cache, last = carry
-    tokens = jax.lax.dynamic_slice_in_dim(suffix, start, c, axis=1)
-    logits, cache = transformer.apply(
-        graphdef, params, tokens, offset[:, None] + start + steps[None, :], cache,
-        start + steps[None, :] < rest[:, None], logits_at=jnp.clip(rest - 1 - start, 0, c - 1))
-    here = (rest - 1 >= start) & (rest - 1 < start + c)  # the row's last prompt token
-    return start + c, place(cache), jnp.where(here[:, None], logits[:, 0], last)
-
-  cache = cache._replace(index=offset)  # each row writes after its own prefix
-  last = jnp.zeros((n, config.vocab_size), jnp.float32)
-  _, cache, last = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(rest), body,
-                                      (jnp.int32(0), cache, last))
-  def cut(x):  # the `width` slots of the whole-prompt layout
-    return x[:, :, :width]
-
-  return last, transformer.KVCache(k=tuple(map(cut, cache.k)), v=tuple(map(cut, cache.v)),
-                                   valid=cache.valid[:, :width],
-                                   index=jnp.asarray(width, jnp.int32))
 
 
 def _placer(cache_shardings):
@@ -380,8 +243,8 @@ def _prefill_impl(graphdef, params, prompts, prompt_lengths, shared=None, *, wid
     logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
                                       logits_at=prompt_lengths - 1)
     return logits[:, 0], place(cache)
-  last, cache = _shared_prefill(graphdef, params, config, prompts, prompt_lengths, shared,
-                                place, width)
+  last, cache = shared_prefill.prefill(graphdef, params, config, prompts, prompt_lengths,
+                                       shared, place, width)
   return last, place(cache)
 
 
@@ -553,7 +416,7 @@ def sample(
     stop_token_ids: Optional[Union[Sequence[int], Sequence[Sequence[int]], np.ndarray]] = None,
     stop_sequences: Optional[Sequence] = None,
     pad_id: int = 0,
-    prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+    prompt_buckets: Sequence[int] = sampling_rules.DEFAULT_PROMPT_BUCKETS,
     shardings: Optional[Shardings] = None,
     prefix_group: int = 1,
     compact_to: int = 0,
@@ -592,10 +455,10 @@ def sample(
       None: one `jit` that follows the arguments' placement.
     prefix_group: G, the rows come in consecutive groups of G (a GRPO group's
       attempts at one task, or its later stages) whose prompts share a prefix:
-      the shared-prefix prefill (`split_shared_prefixes`) computes each group's
+      the shared-prefix prefill (`models.shared_prefill`) computes each group's
       longest common prefix once, for `N / G` rows at a width of
       `prompt_buckets`, copies its cache to the group's rows and prefills each
-      row's rest after it (`SUFFIX_CHUNK` tokens a loop step, up to the longest
+      row's rest after it (`shared_prefill.SUFFIX_CHUNK` tokens a loop step, up to the longest
       rest), when that prefills fewer token slots than the whole prompts would
       (else, and at 1, the plain prefill). Same tokens and log-probs up to float
       rounding. Single-process only.
@@ -645,20 +508,13 @@ def sample(
   stop_ids, stop_seqs, vocab_limit = req.stop_ids, req.stop_seqs, req.vocab_limit
   temperature, top_k, top_p = transform.temperature, transform.top_k, transform.top_p
   n, width = prompts.shape
-  bucket = _bucket(int(prompt_lengths.max()), prompt_buckets)
+  bucket = sampling_rules.prompt_bucket(int(prompt_lengths.max()), prompt_buckets)
   shared = None
   if prefix_group > 1:
-    split = split_shared_prefixes(prompts, prompt_lengths, prefix_group, prompt_buckets,
-                                  pad_id)
-    # Its loop prefills every row's suffix in chunks up to the longest suffix.
-    longest_rest = int(np.max(prompt_lengths - np.repeat(split.shared_lengths, prefix_group)))
-    slots = (split.group_prompts.size
-             + n * sampling_rules.round_up(longest_rest, SUFFIX_CHUNK))
-    if slots < n * bucket:
-      suffix = split.suffix[:, :bucket]
-      prompts = np.concatenate(
-          [suffix, np.full((n, bucket - suffix.shape[1]), pad_id, suffix.dtype)], 1)
-      shared = (split.group_prompts, split.shared_lengths)
+    layout = shared_prefill.layout(prompts, prompt_lengths, prefix_group, bucket,
+                                   prompt_buckets, pad_id)
+    if layout is not None:
+      prompts, shared = layout.suffix, (layout.group_prompts, layout.shared_lengths)
   if shared is None:  # the whole prompts, at the bucket's width
     prompts = (np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
                if bucket > width else prompts[:, :bucket])

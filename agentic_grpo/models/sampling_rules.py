@@ -10,7 +10,8 @@ same requests and decode by the same rules, written once here:
   transformed logits, and its behaviour log-prob under the same transform;
 * `stop_hits`: whether a row's new token ends it (a stop id, or the end of a stop sequence);
 * `sampleable_vocab` and `encode_stop_strings`: the sampleable ids of a model run with a
-  tokenizer, and stop strings as token sequences.
+  tokenizer, and stop strings as token sequences;
+* `prompt_bucket`: the padded prompt width of a call (`DEFAULT_PROMPT_BUCKETS`).
 """
 
 from typing import NamedTuple, Sequence
@@ -23,6 +24,22 @@ import numpy as np
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
 from agentic_grpo.models import transformer
+
+
+# Padded prompt widths: a call's prompts are padded to the smallest that holds the longest.
+DEFAULT_PROMPT_BUCKETS = tuple(2 ** k for k in range(4, 18))  # 16 .. 131072
+
+
+def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) -> int:
+  """The padded prompt width, the smallest of `buckets` that holds `length` tokens.
+
+  Raises:
+    ValueError: `length` exceeds the largest bucket.
+  """
+  for b in sorted(buckets):
+    if b >= length:
+      return int(b)
+  raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
 
 
 def round_up(x: int, m: int) -> int:

@@ -135,7 +135,7 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
       else:
         out = sampler_lib.sample(
             comp.graphdef, params, prompts, lengths, key, shardings=shardings,
-            prompt_buckets=(sampler_lib.prompt_bucket(longest, cfg.rl.buckets),),
+            prompt_buckets=(sampling_rules.prompt_bucket(longest, cfg.rl.buckets),),
             compact_to=cfg.rl.sampler_compact_to, **common)
       rows = parallel.local_rows((out.tokens, out.lengths, out.logprobs))
     if not keyed:
