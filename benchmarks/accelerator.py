@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo.models import presets
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import continuous_bench
@@ -51,7 +52,7 @@ def published_peak(kind: str):
 
 def _sampler(preset: str) -> dict:
   load_before = report.load_average()
-  config = transformer.get_model_config(preset)
+  config = presets.get_model_config(preset)
   graphdef, params = transformer.init_model(config, 0)
   rows = []
   for batch, prompt_len, new_tokens in ((16, 128, 128), (64, 128, 128)):

@@ -60,6 +60,7 @@ import numpy as np
 
 from agentic_grpo.models import continuous
 from agentic_grpo.models import prefix_cache
+from agentic_grpo.models import presets
 from agentic_grpo.models import sampler
 from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
@@ -142,7 +143,7 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
     prompt_min, prompt_max: prompt lengths, uniform.
     sigma: log-normal sigma of the completion lengths.
     repeats: timed runs per side (median).
-    preset: the random model's shape (`transformer.get_model_config`; its own dtype).
+    preset: the random model's shape (`presets.get_model_config`; its own dtype).
     hf_batches: the batches at which `transformers` `generate` runs too (module docstring; its
       environment is built on first use); () for none. Quick runs have none.
   """
@@ -150,7 +151,7 @@ def run(quick: bool = False, *, batches=(64, 256), requests_per_slot: int = 4,
   if quick:
     batches, new_tokens, repeats, hf_batches = (8, 16), 64, 1, ()
   hf_batches = tuple(b for b in hf_batches if b in batches)
-  config = transformer.get_model_config(preset)
+  config = presets.get_model_config(preset)
   with tempfile.TemporaryDirectory() as tmp:
     python = venvs.python_for("hf") if hf_batches else None
     if hf_batches:
@@ -301,8 +302,8 @@ def run_conversations(quick: bool = False, *, batches=(16, 64), episodes_per_slo
   if quick:
     batches, new_tokens, repeats = (8,), 32, 1
   # The conversations outgrow the preset's 512 positions; a random model has no trained range.
-  config = transformer.get_model_config(preset)
-  config = transformer.get_model_config(preset, max_seq_len=max(4096, config.max_seq_len))
+  config = presets.get_model_config(preset)
+  config = presets.get_model_config(preset, max_seq_len=max(4096, config.max_seq_len))
   graphdef, params = transformer.init_model(config, jax.random.key(0))
   budget = budget_mib << 20
   rows, summary = [], {}

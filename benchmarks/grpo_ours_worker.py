@@ -46,12 +46,13 @@ def main():
   from agentic_grpo.core import types as core_types  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import placement  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import sampler  # pylint: disable=g-import-not-at-top
+  from agentic_grpo.models import presets  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import transformer  # pylint: disable=g-import-not-at-top
 
   if a.preset:
-    model_config = transformer.get_model_config(a.preset)
+    model_config = presets.get_model_config(a.preset)
   else:
-    model_config = transformer.get_model_config(
+    model_config = presets.get_model_config(
         "tiny", d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
         head_dim=a.head_dim, mlp_dim=a.mlp, qk_norm=True,
         max_seq_len=max(512, a.prompt_len + a.new_tokens))

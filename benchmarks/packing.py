@@ -115,6 +115,7 @@ def run(quick: bool = False, *, rounds: int = 5, steps: int = 3, warmup: int = 1
   """Measures, prints the table, appends the results line; returns it."""
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_grpo import learner  # pylint: disable=g-import-not-at-top
+  from agentic_grpo.models import presets  # pylint: disable=g-import-not-at-top
   from agentic_grpo.models import transformer  # pylint: disable=g-import-not-at-top
   load_before = report.load_average()
   if quick:
@@ -123,7 +124,7 @@ def run(quick: bool = False, *, rounds: int = 5, steps: int = 3, warmup: int = 1
   cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, kl_beta=0.0))
   got = batches(cfg)
   graphdef, params = transformer.init_model(
-      transformer.get_model_config(cfg.model.preset), 0)
+      presets.get_model_config(cfg.model.preset), 0)
   opt = learner.make_optimizer(cfg.optim)
   step = learner.make_update_step(graphdef, cfg, opt)
   rows, summary = [], {}

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from agentic_grpo.models import hf_import
+from agentic_grpo.models import presets
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import report
@@ -93,7 +94,7 @@ def run(quick: bool = False, *, rounds: int = 3, repeats: int = 3, cases=CASES) 
     rounds, repeats = 1, 1
     cases = tuple((b, 16, 16) for b, _, _ in cases)
   python = venvs.python_for("hf")
-  config = transformer.get_model_config("tiny")
+  config = presets.get_model_config("tiny")
   rows, summary, versions = [], {}, {}
   with tempfile.TemporaryDirectory() as tmp:
     d = pathlib.Path(tmp)

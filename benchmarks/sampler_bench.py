@@ -31,6 +31,7 @@ import torch
 import transformers
 
 from agentic_grpo.models import hf_import
+from agentic_grpo.models import presets
 from agentic_grpo.models import sampler
 from agentic_grpo.models import transformer
 from benchmarks import hf_generate_worker
@@ -60,7 +61,7 @@ def main(argv):
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
   n, p, t = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value
-  config = transformer.get_model_config("tiny")
+  config = presets.get_model_config("tiny")
   model = hf_generate_worker.hf_model(dataclasses.asdict(config))
   with tempfile.TemporaryDirectory() as tmp:
     model.save_pretrained(tmp)

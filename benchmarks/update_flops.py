@@ -30,6 +30,7 @@ import numpy as np
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 from benchmarks import report
 
@@ -37,8 +38,8 @@ from benchmarks import report
 def model_config(dtype=jnp.float32, preset: str = "") -> transformer.ModelConfig:
   """The compute-bound shape (or `preset`, e.g. `qwen2_0_5b`) with compute dtype `dtype`."""
   if preset:
-    return transformer.get_model_config(preset, dtype=dtype, param_dtype=jnp.float32)
-  return transformer.get_model_config("tiny", d_model=512, n_layers=4, n_heads=8, n_kv_heads=4,
+    return presets.get_model_config(preset, dtype=dtype, param_dtype=jnp.float32)
+  return presets.get_model_config("tiny", d_model=512, n_layers=4, n_heads=8, n_kv_heads=4,
                                       head_dim=64, mlp_dim=2048, dtype=dtype)
 
 

@@ -52,10 +52,11 @@ from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.models import hf_config
 from agentic_grpo.models import placement
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 from launch import common_flags
 
-_MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {transformer.PRESETS}")
+_MODEL = flags.DEFINE_string("model", "qwen2_7b", f"model preset: {presets.PRESETS}")
 _HF_CONFIG = flags.DEFINE_string(
     "hf_config", "", "a Hugging Face config.json (or its directory) to size instead of --model")
 _PARAM_DTYPE = flags.DEFINE_enum(
@@ -271,11 +272,11 @@ def model_from_flags(preset: str, hf_config_path: str = "", param_dtype: str = "
     except errors.InputError as e:
       raise errors.InputError(f"--hf_config {hf_config_path!r}: {e}") from None
     return config, f"{hf_config.family(hf)} from {hf_config_path}"
-  if preset not in transformer.PRESETS:
-    raise errors.InputError(f"--model must be one of {sorted(transformer.PRESETS)}, got "
+  if preset not in presets.PRESETS:
+    raise errors.InputError(f"--model must be one of {sorted(presets.PRESETS)}, got "
                             f"{preset!r} (or give --hf_config)")
   overrides = {"param_dtype": param_dtype, "dtype": param_dtype} if param_dtype else {}
-  return transformer.get_model_config(preset, **overrides), preset
+  return presets.get_model_config(preset, **overrides), preset
 
 
 def _mesh_shape(mesh: str, num_devices: int) -> tuple[int, int, int]:

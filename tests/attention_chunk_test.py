@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo import config as config_lib
+from agentic_grpo.models import presets
 from agentic_grpo.models import sources
 from agentic_grpo.models import transformer
 
 
 def _config(chunk, block=0):
-  return transformer.get_model_config("tiny", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+  return presets.get_model_config("tiny", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                       head_dim=8, mlp_dim=64, max_seq_len=64,
                                       attention_chunk=chunk, causal_block=block)
 
@@ -83,7 +84,7 @@ class AttentionChunkTest(parameterized.TestCase):
 class CausalBlockTest(parameterized.TestCase):
 
   def test_validation_and_default(self):
-    self.assertEqual(transformer.get_model_config("tiny").causal_block, 128)
+    self.assertEqual(presets.get_model_config("tiny").causal_block, 128)
     for bad in (-1, True, 2.0):
       with self.assertRaisesRegex(ValueError, "causal_block"):
         _config(0, bad)

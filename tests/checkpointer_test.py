@@ -22,6 +22,7 @@ from agentic_grpo import learner
 from agentic_grpo.checkpoint import checkpointer
 from agentic_grpo.checkpoint import integrity as checkpoint_integrity
 from agentic_grpo.checkpoint import layout as checkpoint_layout
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 from agentic_grpo.parallel import collectives
 from tests.fixtures import old_checkpoints
@@ -54,7 +55,7 @@ _CHILD = textwrap.dedent("""
 class CheckpointingTest(absltest.TestCase):
 
   def test_round_trip_of_train_state_and_host_state(self):
-    cfg = transformer.get_model_config("tiny", d_model=16, n_layers=1, n_heads=1, n_kv_heads=1,
+    cfg = presets.get_model_config("tiny", d_model=16, n_layers=1, n_heads=1, n_kv_heads=1,
                                        head_dim=16, mlp_dim=32)
     _, params = transformer.init_model(cfg, 0)
     opt = learner.make_optimizer(config_lib.OptimSection())
@@ -224,7 +225,7 @@ def _state(value: float) -> dict[str, np.ndarray]:
 
 
 def _tiny(param_dtype, d_model=16):
-  return transformer.get_model_config("tiny", d_model=d_model, n_layers=1, n_heads=1,
+  return presets.get_model_config("tiny", d_model=d_model, n_layers=1, n_heads=1,
                                       n_kv_heads=1, head_dim=16, mlp_dim=32,
                                       param_dtype=param_dtype)
 

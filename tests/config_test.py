@@ -9,7 +9,7 @@ import ml_collections
 
 from agentic_grpo import config as config_lib
 from agentic_grpo import parallel
-from agentic_grpo.models import transformer
+from agentic_grpo.models import presets
 from experiments import outcome_grpo
 from experiments import qwen2_5_coder_1_5b_stdio
 from experiments import qwen3_8b_pod
@@ -61,7 +61,7 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.loss.max_tokens, cfg.workflow.max_new_tokens)
     # The model checkpoint is as long as a row plus a stage's new tokens (32k / 40k positions).
     self.assertLessEqual(cfg.rl.buckets[-1] + cfg.workflow.max_new_tokens,
-                         transformer.get_model_config(module.PLAN_PRESET).max_seq_len)
+                         presets.get_model_config(module.PLAN_PRESET).max_seq_len)
 
   @parameterized.parameters(qwen2_5_coder_1_5b_stdio, qwen3_8b_pod)
   def test_launch_plan_says_the_real_runs_fit(self, module):

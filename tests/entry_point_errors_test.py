@@ -258,7 +258,7 @@ class BugTest(parameterized.TestCase):
       ("train", "agentic_grpo.train.device.build_model", "train", ()),
       ("evaluate", "agentic_grpo.train.device.build_model", "evaluate",
        ("--config.rl.group_size=4",)),
-      ("plan", "agentic_grpo.models.transformer.get_model_config", "plan", ()),
+      ("plan", "agentic_grpo.models.presets.get_model_config", "plan", ()),
       ("judge", "agentic_grpo.judging.load_tasks", "judge", ()))
   def test_traceback_and_exit_code_1(self, target, module, args):
     workdir = os.path.join(self.create_tempdir().full_path, "run")

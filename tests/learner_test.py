@@ -15,13 +15,14 @@ from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo.core import losses as losses_lib
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 
 N, T = 4, 16
 
 
 def _model_config():
-  return transformer.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+  return presets.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                       head_dim=16, mlp_dim=64, max_seq_len=64)
 
 

@@ -16,6 +16,7 @@ from agentic_grpo import exit_codes
 from agentic_grpo import learner
 from agentic_grpo import parallel
 from agentic_grpo.models import placement
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 from launch import plan
 
@@ -52,7 +53,7 @@ class PlanTest(absltest.TestCase):
     self.assertEqual(p.num_params, transformer.param_count(sm.abstract_params))
 
   def test_qwen2_7b_on_32_devices(self):
-    c = transformer.get_model_config("qwen2_7b")
+    c = presets.get_model_config("qwen2_7b")
     p = plan.make_plan(c, (1, 8, 4), learner_rows=64, seq_len=1024, micro_batches=4,
                        sample_rows=128, cache_len=2048)
     # Matrices split 32 ways (bf16); norm scales and biases have no second axis to
@@ -98,7 +99,7 @@ class PlanTest(absltest.TestCase):
                  "rope_theta": 1000000, "tie_word_embeddings": False,
                  "torch_dtype": "bfloat16"}, f)
     config, name = plan.model_from_flags("tiny", path)
-    self.assertEqual(config, transformer.get_model_config("qwen3_8b"))
+    self.assertEqual(config, presets.get_model_config("qwen3_8b"))
     self.assertEqual(name, f"qwen3 from {path}")
     f32, _ = plan.model_from_flags("tiny", os.path.dirname(path), "float32")
     self.assertEqual(f32.param_dtype, np.float32)

@@ -12,6 +12,7 @@ import numpy as np
 from agentic_grpo import config as config_lib
 from agentic_grpo import learner
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 from agentic_grpo.replay import batching
 from agentic_grpo.train import coordination
@@ -20,7 +21,7 @@ ROWS, T = 8, 16
 
 
 def _model_config():
-  return transformer.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+  return presets.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                       head_dim=16, mlp_dim=64, max_seq_len=64)
 
 

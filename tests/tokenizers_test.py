@@ -10,8 +10,8 @@ import hypothesis
 from hypothesis import strategies as st
 import numpy as np
 
+from agentic_grpo.models import presets
 from agentic_grpo.models import tokenizers as tok_lib
-from agentic_grpo.models import transformer
 
 
 class ByteTokenizerTest(parameterized.TestCase):
@@ -32,7 +32,7 @@ class ByteTokenizerTest(parameterized.TestCase):
     self.assertFalse(t.is_special(97))
 
   def test_default_vocab_matches_tiny_model(self):
-    self.assertEqual(self.tok.vocab_size, transformer.get_model_config("tiny").vocab_size)
+    self.assertEqual(self.tok.vocab_size, presets.get_model_config("tiny").vocab_size)
 
   def test_encode_recognises_special_tokens(self):
     t = self.tok

@@ -13,6 +13,7 @@ import numpy as np
 
 from agentic_grpo.core import logprobs as logprobs_lib
 from agentic_grpo.core import types as core_types
+from agentic_grpo.models import presets
 from agentic_grpo.models import transformer
 
 _AXES = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim"}
@@ -67,7 +68,7 @@ class ConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*sorted(_PUBLISHED_M))
   def test_preset_parameter_counts_match_published(self, name):
-    config = transformer.get_model_config(name)
+    config = presets.get_model_config(name)
     # Shapes of a 1- and a 2-layer copy give embeddings + per-layer counts
     # without tracing the full depth.
     one, two = (transformer.param_count(transformer.abstract_model(
@@ -76,20 +77,20 @@ class ConfigTest(parameterized.TestCase):
     self.assertAlmostEqual(count / 1e6 / _PUBLISHED_M[name], 1.0, delta=0.005)
 
   def test_tiny_preset_is_small(self):
-    config = transformer.get_model_config("tiny")
+    config = presets.get_model_config("tiny")
     _, abstract = transformer.abstract_model(config)
     self.assertBetween(transformer.param_count(abstract), 500_000, 3_000_000)
     self.assertEqual(config.max_seq_len, 512)
 
   def test_unknown_preset(self):
     with self.assertRaisesRegex(ValueError, "unknown model preset name 'gpt5'"):
-      transformer.get_model_config("gpt5")
+      presets.get_model_config("gpt5")
 
   def test_overrides(self):
-    config = transformer.get_model_config("tiny", vocab_size=300)
+    config = presets.get_model_config("tiny", vocab_size=300)
     self.assertEqual(config.vocab_size, 300)
     with self.assertRaisesRegex(ValueError, "overrides"):
-      transformer.get_model_config("tiny", width=3)
+      presets.get_model_config("tiny", width=3)
 
   @parameterized.parameters(
       dict(field="n_kv_heads", value=3, match="multiple of n_kv_heads"),
@@ -99,7 +100,7 @@ class ConfigTest(parameterized.TestCase):
   )
   def test_invalid_config(self, field, value, match):
     with self.assertRaisesRegex(ValueError, match):
-      dataclasses.replace(transformer.get_model_config("tiny"), **{field: value})
+      dataclasses.replace(presets.get_model_config("tiny"), **{field: value})
 
 
 class ParamsTest(parameterized.TestCase):

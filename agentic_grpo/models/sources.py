@@ -28,6 +28,7 @@ from agentic_grpo import errors
 from agentic_grpo import registry
 from agentic_grpo.models import hf_import
 from agentic_grpo.models import placement
+from agentic_grpo.models import presets
 from agentic_grpo.models import tokenizers
 from agentic_grpo.models import transformer
 
@@ -140,7 +141,7 @@ def _open_preset(section: Any, *, dtype: Optional[str], min_seq_len: int,
   overrides.setdefault("max_seq_len", max(min_seq_len, 512))
   if dtype:
     overrides.update(param_dtype=dtype, dtype=dtype)
-  model_config = transformer.get_model_config(section.preset, vocab_size=tok.vocab_size,
+  model_config = presets.get_model_config(section.preset, vocab_size=tok.vocab_size,
                                               **overrides)
   return ModelSource("preset", model_config, transformer.abstract_model(model_config)[0], tok)
 
