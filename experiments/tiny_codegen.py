@@ -14,7 +14,7 @@ the teacher confuses the task's program with a fixed mix-up of it (`add1` writte
 `max` as `min`: `synthetic.teacher_confusion`), in both the hypothesis and the code, as supervised
 data from a weaker model or a hurried annotator carries habits. So the warm-started policy's
 greedy answer is often the teacher's habit while its samples still find the right program:
-held-out pass@1 0.11-0.13 against pass@8 0.45-0.52 at the RL temperature (the `headroom/...`
+held-out pass@1 0.09-0.13 against pass@8 0.45-0.59 at the RL temperature (the `headroom/...`
 metrics), the edge of competence where RL with verifiable rewards pays, and where more supervised steps on the
 same data cannot help. Prompts show 3-4 public examples (`task.num_public`) of which 10% are
 ambiguous (`task.ambiguity_target`), so the program can usually be read off them.
