@@ -40,7 +40,7 @@ def model_config(dtype=jnp.float32, preset: str = "") -> transformer.ModelConfig
   if preset:
     return presets.get_model_config(preset, dtype=dtype, param_dtype=jnp.float32)
   return presets.get_model_config("tiny", d_model=512, n_layers=4, n_heads=8, n_kv_heads=4,
-                                      head_dim=64, mlp_dim=2048, dtype=dtype)
+                                  head_dim=64, mlp_dim=2048, dtype=dtype)
 
 
 def model_flops(c: transformer.ModelConfig, rows: int, length: int) -> float:

@@ -18,8 +18,8 @@ from agentic_grpo.models import transformer
 
 def _config(chunk, block=0):
   return presets.get_model_config("tiny", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                      head_dim=8, mlp_dim=64, max_seq_len=64,
-                                      attention_chunk=chunk, causal_block=block)
+                                  head_dim=8, mlp_dim=64, max_seq_len=64,
+                                  attention_chunk=chunk, causal_block=block)
 
 
 def _loss_and_grads(graphdef, params, tokens, positions, segment_mask, weights):

@@ -56,7 +56,7 @@ class CheckpointingTest(absltest.TestCase):
 
   def test_round_trip_of_train_state_and_host_state(self):
     cfg = presets.get_model_config("tiny", d_model=16, n_layers=1, n_heads=1, n_kv_heads=1,
-                                       head_dim=16, mlp_dim=32)
+                                   head_dim=16, mlp_dim=32)
     _, params = transformer.init_model(cfg, 0)
     opt = learner.make_optimizer(config_lib.OptimSection())
     state = learner.init_state(params, opt, 3)
@@ -226,8 +226,8 @@ def _state(value: float) -> dict[str, np.ndarray]:
 
 def _tiny(param_dtype, d_model=16):
   return presets.get_model_config("tiny", d_model=d_model, n_layers=1, n_heads=1,
-                                      n_kv_heads=1, head_dim=16, mlp_dim=32,
-                                      param_dtype=param_dtype)
+                                  n_kv_heads=1, head_dim=16, mlp_dim=32,
+                                  param_dtype=param_dtype)
 
 
 class EarlierLayoutTest(parameterized.TestCase):

@@ -23,7 +23,7 @@ N, T = 4, 16
 
 def _model_config():
   return presets.get_model_config("tiny", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                                      head_dim=16, mlp_dim=64, max_seq_len=64)
+                                  head_dim=16, mlp_dim=64, max_seq_len=64)
 
 
 def _cfg(micro_batches):

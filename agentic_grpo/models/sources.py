@@ -142,7 +142,7 @@ def _open_preset(section: Any, *, dtype: Optional[str], min_seq_len: int,
   if dtype:
     overrides.update(param_dtype=dtype, dtype=dtype)
   model_config = presets.get_model_config(section.preset, vocab_size=tok.vocab_size,
-                                              **overrides)
+                                          **overrides)
   return ModelSource("preset", model_config, transformer.abstract_model(model_config)[0], tok)
 
 
