@@ -71,7 +71,7 @@ def _config(config_given: bool) -> config_lib.TrainConfig:
     if _STEP.value != -1:
       raise errors.InputError("--step evaluates a run's checkpoint with its saved config: "
                               "drop --config and --config.* overrides")
-    cfg = config_lib.from_config_dict(_CONFIG.value)
+    cfg = common_flags.run_config(_CONFIG)
   else:
     cfg = eval_only.saved_config(_WORKDIR.value)
   try:

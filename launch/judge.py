@@ -26,7 +26,6 @@ import sys
 from absl import app
 from absl import flags
 
-from agentic_grpo import config as config_lib
 from agentic_grpo import errors
 from agentic_grpo import judging
 from launch import common_flags
@@ -47,7 +46,7 @@ _OUT = flags.DEFINE_string("verdicts", "", "Write the verdicts here as JSONL (''
 
 
 def _main(held: common_flags.HeldLogs):
-  cfg = config_lib.from_config_dict(_CONFIG.value)
+  cfg = common_flags.run_config(_CONFIG)
   tasks = judging.load_tasks(cfg, _SPLIT.value)
   if _PROGRAMS.value:
     pairs = judging.read_programs(_PROGRAMS.value, tasks)

@@ -71,7 +71,7 @@ def _flat(cfg: config_lib.TrainConfig) -> dict:
 
 def _main(held: common_flags.HeldLogs):
   # Checked before anything is printed: an error is one line.
-  cfg = config_lib.from_config_dict(_CONFIG.value)
+  cfg = common_flags.run_config(_CONFIG)
   if _SHOW_CONFIG.value:
     print(config_help.show(_flat(cfg)))
     return

@@ -151,10 +151,44 @@ _JUDGE_MISTAKES = {
 }
 
 
+# A `--config` file that does not load (each written by `setUpClass` as `{tmp}/cfg_<name>.py`
+# with this text): its error and line, in one line. Every entry point with `--config` gets them.
+_CONFIG_FILES = {
+    "syntax_error": "def get_config(:\n",
+    "raises": "def get_config():\n  raise RuntimeError('boom')\n",
+    "value_error": "def get_config():\n  raise ValueError('bad value')\n",
+    "no_get_config": "X = 1\n",
+    "returns_none": "def get_config():\n  return None\n",
+    "returns_an_int": "def get_config():\n  return 5\n",
+}
+_CONFIG_MISTAKES = {
+    "config_file_missing": (("--config={tmp}/no_such_config.py",),
+                            r"--config=.*no_such_config\.py: no such file$"),
+    "config_file_is_a_directory": (("--config={tmp}",), r"is a directory, not a config file$"),
+    "config_file_syntax_error": (("--config={tmp}/cfg_syntax_error.py",),
+                                 r"does not load: SyntaxError: .*cfg_syntax_error\.py, line 1\)$"),
+    "config_file_raises": (("--config={tmp}/cfg_raises.py",),
+                           r"does not load: RuntimeError: boom \(.*cfg_raises\.py, line 2\)$"),
+    "config_file_value_error": (
+        ("--config={tmp}/cfg_value_error.py",),
+        r"does not load: ValueError: bad value \(.*cfg_value_error\.py, line 2\)$"),
+    "config_file_without_get_config": (("--config={tmp}/cfg_no_get_config.py",),
+                                       r"cfg_no_get_config\.py defines no get_config\(\)"),
+    "config_file_returns_none": (("--config={tmp}/cfg_returns_none.py",),
+                                 r"get_config\(\) returned None, not a ConfigDict"),
+    "config_file_returns_an_int": (("--config={tmp}/cfg_returns_an_int.py",),
+                                   r"get_config\(\) returned a int, not a ConfigDict"),
+}
+
+
 def _cases():
   for module in ("train", "evaluate"):
     for name, (args, pattern) in _RUN_MISTAKES.items():
       yield module, name, args, pattern
+  for module in ("train", "evaluate", "judge"):
+    for name, (args, pattern) in _CONFIG_MISTAKES.items():
+      yield module, name, args + (("--programs={tmp}/p.jsonl",) if module == "judge" else ()), (
+          pattern)
   for name, (args, pattern) in _EXPORT_MISTAKES.items():
     yield "export", name, args + ("--out={tmp}/out_" + name,), pattern
   for name, (args, pattern) in _PLAN_MISTAKES.items():
@@ -194,6 +228,9 @@ class InputMistakeTest(parameterized.TestCase):
       paths[name] = os.path.join(tmp, f"{name}.jsonl")
       with open(paths[name], "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in _codecontests_rows(n))
+    for name, text in _CONFIG_FILES.items():
+      with open(os.path.join(tmp, f"cfg_{name}.py"), "w") as f:
+        f.write(text)
     paths["unknown_programs"] = os.path.join(tmp, "unknown_programs.jsonl")
     with open(paths["unknown_programs"], "w") as f:
       f.write(json.dumps({"task_id": "codecontests/nope", "program": SUM}) + "\n")

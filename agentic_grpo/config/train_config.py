@@ -142,9 +142,15 @@ def from_config_dict(config: Any) -> TrainConfig:
 
   Raises:
     errors.InputError (a ValueError): naming the dotted field path of an unknown field, an
-      ill-typed value, or a value out of range.
+      ill-typed value, or a value out of range; or `config` is neither.
   """
-  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  if hasattr(config, "to_dict"):
+    data = config.to_dict()
+  elif isinstance(config, Mapping):
+    data = dict(config)
+  else:
+    raise errors.InputError(f"the config is a {type(config).__name__}, not a ConfigDict or a "
+                            f"mapping: a config file's get_config() must return one")
   try:
     cfg = _build(TrainConfig, data, "")
     cfg.validate()
