@@ -37,8 +37,10 @@ class SharedPrefixes(NamedTuple):
     group_prompts: `[N / G, Pa]` int32, each group's shared prefix, right-padded.
     shared_lengths: `[N / G]` int32, its length (0 when the group shares nothing).
     suffix: `[N, Pb]` int32, each row's prompt after its group's prefix, right-padded
-      (at least one token per row).
-    token_slots: `N / G * Pa + N * Pb`, the token slots this prefill computes.
+      (at least one token per row); `[N, width]` from `layout`.
+    token_slots: the token slots of the prefill: `N / G * Pa + N * Pb` from
+      `split_shared_prefixes`; from `layout`, what its loop computes, `N / G * Pa + N *
+      round_up(longest rest, SUFFIX_CHUNK)`.
   """
   group_prompts: np.ndarray
   shared_lengths: np.ndarray
