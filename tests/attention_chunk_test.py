@@ -81,6 +81,52 @@ class AttentionChunkTest(parameterized.TestCase):
         lambda p: transformer.apply(unchunked, p, tokens, positions)[0])(params)))
 
 
+  @parameterized.parameters(8, 5)  # dividing T, and not (a short last chunk)
+  def test_causal_chunks_match_whole_attention(self, chunk):
+    """Chunks with `causal_block` on: each chunk of queries against the keys up to its last
+    slot, recomputed in the backward pass; the same logits and gradients."""
+    t = 20
+    graphdef, params = transformer.init_model(_config(64), 0)
+    causal_graph, _ = transformer.init_model(_config(chunk, block=4), 0)
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
+    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [11], [1]]))
+    weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
+    l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask,
+                                      weights)
+    l1, logits1, g1 = _loss_and_grads(causal_graph, params, tokens, positions, segment_mask,
+                                      weights)
+    np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+  def test_causal_chunks_score_keys_up_to_their_last_query_only(self):
+    """T = 24 in chunks of 8 with `causal_block` on: scores `[8, 8]`, `[8, 16]`, `[8, 24]` per
+    head, never `[8, 24]` for every chunk (what the chunks without it compute), nor `[24, 24]`;
+    each chunk's attention is recomputed in the backward pass (a `checkpoint` per chunk)."""
+    t, chunk = 24, 8
+    tokens = jnp.zeros((1, t), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t))
+
+    def jaxpr(block):
+      graphdef, params = transformer.init_model(_config(chunk, block), 0)
+      return str(jax.make_jaxpr(
+          lambda p: transformer.apply(graphdef, p, tokens, positions)[0])(params))
+
+    causal = jaxpr(4)  # any block below T
+    for keys in (8, 16, 24):
+      self.assertIn(f"f32[1,2,2,{chunk},{keys}]", causal)
+    self.assertNotIn(f"f32[1,2,2,{t},{t}]", causal)
+    self.assertEqual(causal.count("remat"), 2 * (t // chunk))  # 2 layers
+    self.assertEqual(jaxpr(t).count("remat"), 2)  # a block of T or more: off
+    plain = jaxpr(0)  # `lax.map` over chunks, each against all T keys
+    self.assertIn(f"f32[1,2,2,{chunk},{t}]", plain)
+    self.assertNotIn(f"f32[1,2,2,{chunk},16]", plain)
+    self.assertEqual(plain.count("remat"), 2)  # one checkpointed body per layer
+
+
 class CausalBlockTest(parameterized.TestCase):
 
   def test_validation_and_default(self):

@@ -9,6 +9,7 @@ greedy sampling must produce the same tokens (behaviour log-probs within 2e-5
 absolute), with its KV cache sharded as the rules say.
 """
 
+import dataclasses
 import functools
 from unittest import mock
 
@@ -160,6 +161,21 @@ class ShardedModelTest(parameterized.TestCase):
     self.assertEqual(lp.sharding.spec, P(("data", "fsdp")))
     np.testing.assert_allclose(np.asarray(lp), np.asarray(ref_lp), atol=2e-5, rtol=0)
     self.assertGreater(float(np.abs(ref_lp).max()), 1.0)  # a non-trivial comparison
+
+  @parameterized.named_parameters(*MESHES)
+  def test_causal_attention_chunks_equal_one_device(self, shape):
+    """Attention in chunks of 5 queries (`attention_chunk`, the last one short), each against
+    the keys up to its last slot (`causal_block` below T): the reference's log-probs."""
+    _, ref_params, (tokens, positions, mask), ref_lp = _reference()
+    config = dataclasses.replace(_CONFIG, attention_chunk=5)
+    self.assertLess(config.query_chunk(_T), _T)
+    mesh = parallel.make_mesh(shape)
+    sm = placement.shard_model(config, mesh)
+    params = placement.device_put_params(ref_params, sm)
+    batch = parallel.shard_batch({"tokens": tokens, "positions": positions, "mask": mask}, mesh)
+    lp = placement.jit_sequence_logprobs(sm)(params, batch["tokens"], batch["positions"],
+                                             batch["mask"])
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(ref_lp), atol=2e-5, rtol=0)
 
   def test_optimizer_state_shardings_follow_params(self):
     mesh = parallel.make_mesh((2, 2, 2))

@@ -267,10 +267,11 @@ class TreeMaskTest(parameterized.TestCase):
         np.asarray(packing.predictor_slots(jnp.asarray(positions), jnp.asarray(branches))),
         [[0, 0, 1, 2, 3, 2, 5, 6, 2, 8]])
 
-  @parameterized.parameters((0, 0), (4, 0), (0, 4), (0, 5))
+  @parameterized.parameters((0, 0), (4, 0), (0, 4), (0, 5), (4, 4))
   def test_packed_logits_equal_unpacked_rows(self, chunk, block):
     """Every token of a packed row gets its unpacked row's logits (`chunk`: the chunked
-    attention path, query chunks of 4; `block`: causal blocks of 4 or 5 queries)."""
+    attention path, query chunks of 4; `block`: causal blocks of 4 or 5 queries; both: causal
+    chunks of 4)."""
     config = dataclasses.replace(_CONFIG, attention_chunk=chunk, causal_block=block)
     graphdef, params, _ = _params()
     rng = np.random.default_rng(2)

@@ -92,8 +92,10 @@ class ModelConfig:
       with T >= 2 * causal_block queries, each block of queries is scored against the keys up
       to its own last slot only, so the all-masked score blocks above the diagonal are never
       computed (T = 512 in blocks of 128: 10 of 16 blocks). The same logits up to float
-      rounding; one more matmul pair per block to compile. 0 = off (every query against all
-      T keys).
+      rounding; one more matmul pair per block to compile. When the attention is chunked
+      (`attention_chunk`), a value below T makes each chunk of queries attend to the keys up
+      to its own last slot the same way (the chunks unrolled, each recomputed in the backward
+      pass). 0 (or T or more) = off (every query against all T keys).
   """
   vocab_size: int
   d_model: int
@@ -329,17 +331,20 @@ def _chunked_attention(q, k, v, mask, chunk, dt):
   return out[:, :, :, :t]
 
 
-def _causal_block_attention(q, k, v, mask, block, dt):
+def _causal_block_attention(q, k, v, mask, block, dt, remat=False):
   """`_attention` of a cache-less forward (`ModelConfig.causal_block`), whose mask is causal in
   storage order (no query sees a key stored after it): one block of `block` queries at a time,
   each against the keys up to its own last slot, so the all-masked score blocks above the
-  diagonal are never computed. The blocks are unrolled (static shapes, T / block of them)."""
+  diagonal are never computed. The blocks are unrolled (static shapes, T / block of them).
+  With `remat` each block is recomputed in the backward pass (`jax.checkpoint`), so that the
+  f32 scores held at once are one block's, as `_chunked_attention`'s."""
   t = q.shape[3]
+  attend = jax.checkpoint(_attention, static_argnums=(4,)) if remat else _attention
   outs = []
   for start in range(0, t, block):
     end = min(start + block, t)
-    outs.append(_attention(q[:, :, :, start:end], k[:, :, :end], v[:, :, :end],
-                           mask[:, start:end, :end], dt))
+    outs.append(attend(q[:, :, :, start:end], k[:, :, :end], v[:, :, :end],
+                       mask[:, start:end, :end], dt))
   return jnp.concatenate(outs, axis=3)
 
 
@@ -410,7 +415,11 @@ class Attention(nnx.Module):
     # XLA's fast layout (several times faster on CPU than transposing inside).
     q = q.reshape(n, t, kv, g, dh).transpose(0, 2, 3, 1, 4)
     chunk = c.query_chunk(t) if layer_cache is None else t
-    if chunk < t:
+    if chunk < t and 0 < c.causal_block < t:
+      # Chunks of queries, each against the keys up to its last slot (about half the work of
+      # whole chunks), each recomputed in the backward pass.
+      out = _causal_block_attention(q, k, v, mask, chunk, dt, remat=True)
+    elif chunk < t:
       out = _chunked_attention(q, k, v, mask, chunk, dt)
     elif layer_cache is None and c.causal_block and t >= 2 * c.causal_block:
       out = _causal_block_attention(q, k, v, mask, c.causal_block, dt)
