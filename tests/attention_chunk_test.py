@@ -31,6 +31,28 @@ def _loss_and_grads(graphdef, params, tokens, positions, segment_mask, weights):
   return l, np.where(segment_mask[..., None], logits, 0), g
 
 
+def _assert_matches_whole(config, seed, length, scaled_atol=True):
+  """`config`'s logits, loss and gradients equal the whole `[T, T]` attention's (T = 20; rows
+  of 20, `length` and 1 valid tokens). `scaled_atol`: gradients to 1e-5 of each leaf's scale
+  (sums rounded in another order), else to 1e-5 absolute."""
+  t = 20
+  graphdef, params = transformer.init_model(_config(64), 0)
+  other_graph, _ = transformer.init_model(config, 0)
+  rng = np.random.default_rng(seed)
+  tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
+  segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [length], [1]]))
+  weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
+  l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask, weights)
+  l1, logits1, g1 = _loss_and_grads(other_graph, params, tokens, positions, segment_mask,
+                                    weights)
+  np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(l1, l0, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+    scale = max(1.0, float(np.abs(b).max())) if scaled_atol else 1.0
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale)
+
+
 class AttentionChunkTest(parameterized.TestCase):
 
   def test_auto_chunk(self):
@@ -47,23 +69,7 @@ class AttentionChunkTest(parameterized.TestCase):
 
   @parameterized.parameters(8, 5, 20)  # dividing T, not dividing it (padded), and T itself
   def test_logits_and_grads_match_unchunked(self, chunk):
-    t = 20
-    graphdef, params = transformer.init_model(_config(64), 0)
-    chunked_graph, _ = transformer.init_model(_config(chunk), 0)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
-    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [12], [1]]))
-    weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
-
-    l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask,
-                                      weights)
-    l1, logits1, g1 = _loss_and_grads(chunked_graph, params, tokens, positions, segment_mask,
-                                      weights)
-    np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(l1, l0, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    _assert_matches_whole(_config(chunk), seed=0, length=12, scaled_atol=False)
 
   def test_chunked_forward_holds_one_chunk_of_scores(self):
     """The chunked forward's largest f32 buffer of scores is one chunk's, `[N, K, G, C, T]`."""
@@ -85,22 +91,7 @@ class AttentionChunkTest(parameterized.TestCase):
   def test_causal_chunks_match_whole_attention(self, chunk):
     """Chunks with `causal_block` on: each chunk of queries against the keys up to its last
     slot, recomputed in the backward pass; the same logits and gradients."""
-    t = 20
-    graphdef, params = transformer.init_model(_config(64), 0)
-    causal_graph, _ = transformer.init_model(_config(chunk, block=4), 0)
-    rng = np.random.default_rng(2)
-    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
-    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [11], [1]]))
-    weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
-    l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask,
-                                      weights)
-    l1, logits1, g1 = _loss_and_grads(causal_graph, params, tokens, positions, segment_mask,
-                                      weights)
-    np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(l1, l0, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    _assert_matches_whole(_config(chunk, block=4), seed=2, length=11)
 
   def test_causal_chunks_score_keys_up_to_their_last_query_only(self):
     """T = 24 in chunks of 8 with `causal_block` on: scores `[8, 8]`, `[8, 16]`, `[8, 24]` per
@@ -137,23 +128,7 @@ class CausalBlockTest(parameterized.TestCase):
 
   @parameterized.parameters(4, 5, 10)  # dividing T, not dividing it (a short last block), T/2
   def test_logits_and_grads_match_whole_attention(self, block):
-    t = 20
-    graphdef, params = transformer.init_model(_config(64), 0)
-    blocked_graph, _ = transformer.init_model(_config(64, block), 0)
-    rng = np.random.default_rng(1)
-    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
-    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [13], [1]]))
-    weights = jnp.asarray(rng.normal(size=(3, t, 1)), jnp.float32)
-    l0, logits0, g0 = _loss_and_grads(graphdef, params, tokens, positions, segment_mask,
-                                      weights)
-    l1, logits1, g1 = _loss_and_grads(blocked_graph, params, tokens, positions, segment_mask,
-                                      weights)
-    np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(l1, l0, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
-      # Float rounding of sums in another order, relative to the leaf's scale.
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    _assert_matches_whole(_config(64, block), seed=1, length=13)
 
   def test_blocks_score_only_keys_up_to_their_last_query(self):
     """With blocks of 4 over T = 12 the scores are `[4, 4]`, `[4, 8]` and `[4, 12]` per head:
