@@ -7,14 +7,14 @@ it. Entry-point-specific flags stay in their module under names no other entry p
 
 Errors of the command line are one line on stderr and an exit code (`fail`): a misspelt
 `--config.<field>` names the nearest field (`check_overrides`, before absl parses anything), a
-bad flag value names the flag (`parse_flags`), and a `--config` file that does not load (missing,
-a directory, a syntax error, no `get_config`, an error it raises, a value that is no config)
-names the file, the error and its line (`parse_flags`, `run_config`). Every entry point runs its `main` under
-`reported_errors`: an error `agentic_grpo.errors` classifies as reported (an input mistake, a
-refusal) is one line and its exit code, anything else a bug with its traceback; the logs of
-its startup are held back (`HeldLogs`) until its checks pass, so that a refused run prints only
-its error line. `--help` (and
-absl's `--helpshort`, `--helpfull`) print the flags and exit 0.
+bad flag value names the flag (`parse_flags`), and a `--config` file that does not load
+(missing, a directory, a syntax error, no `get_config`, an error it raises, a value that is no
+config) names the file, the error and its line (`parse_flags`, `run_config`). Every entry
+point runs its `main` under `reported_errors`: an error `agentic_grpo.errors` classifies as
+reported (an input mistake, a refusal) is one line and its exit code, anything else a bug with
+its traceback; the logs of its startup are held back (`HeldLogs`) until its checks pass, so
+that a refused run prints only its error line. `--help` (and absl's `--helpshort`,
+`--helpfull`) print the flags and exit 0.
 """
 
 import collections.abc
@@ -293,7 +293,7 @@ def run_config(holder) -> config_lib.TrainConfig:
                             f"(a missing return?)") from e
   try:
     if not hasattr(value, "to_dict") and not isinstance(value, collections.abc.Mapping):
-      raise errors.InputError(f"--config={path}: get_config() returned a "
+      raise errors.InputError(f"--config={path}: get_config() returned a value of type "
                               f"{type(value).__name__}, not a ConfigDict or a mapping")
     return config_lib.from_config_dict(value)
   except OSError as e:

@@ -177,7 +177,8 @@ _CONFIG_MISTAKES = {
     "config_file_returns_none": (("--config={tmp}/cfg_returns_none.py",),
                                  r"get_config\(\) returned None, not a ConfigDict"),
     "config_file_returns_an_int": (("--config={tmp}/cfg_returns_an_int.py",),
-                                   r"get_config\(\) returned a int, not a ConfigDict"),
+                                   r"get_config\(\) returned a value of type int, not a "
+                                   r"ConfigDict"),
 }
 
 

@@ -149,8 +149,9 @@ def from_config_dict(config: Any) -> TrainConfig:
   elif isinstance(config, Mapping):
     data = dict(config)
   else:
-    raise errors.InputError(f"the config is a {type(config).__name__}, not a ConfigDict or a "
-                            f"mapping: a config file's get_config() must return one")
+    raise errors.InputError(f"the config is a value of type {type(config).__name__}, not a "
+                            f"ConfigDict or a mapping: a config file's get_config() must "
+                            f"return one")
   try:
     cfg = _build(TrainConfig, data, "")
     cfg.validate()
