@@ -1,6 +1,6 @@
 """Query-chunked attention (`ModelConfig.attention_chunk`) and causal blocks
-(`ModelConfig.causal_block`) of the training forward: the same logits and gradients as the
-whole `[T, T]` attention, in float32."""
+(`ModelConfig.causal_block`) of the training forward and of a prefill that fills its cache: the
+same logits, gradients and cache as the whole `[T, T]` attention, in float32."""
 
 import dataclasses
 
@@ -146,6 +146,55 @@ class CausalBlockTest(parameterized.TestCase):
       self.assertIn(f"f32[1,2,2,4,{keys}]", jaxpr)
     self.assertNotIn("f32[1,2,2,12,12]", jaxpr)
     self.assertIn("f32[1,2,2,7,7]", scores_shapes(7))
+
+  def _prefill(self, block, t, slots, index=0, seed=2):
+    """A prefill of `t` tokens (rows of t, 9 and 1 valid) into a cache of `slots` slots at
+    `index`: `(logits, cache)`, and the jaxpr of the call."""
+    graphdef, params = transformer.init_model(_config(64, block), 0)
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, 200, (3, t)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (3, t))
+    segment_mask = jnp.asarray(np.arange(t)[None] < np.array([[t], [9], [1]]))
+    cache = transformer.init_cache(_config(64, block), 3, slots)._replace(
+        index=jnp.int32(index))
+
+    def run(p):
+      return transformer.apply(graphdef, p, tokens, positions, cache, segment_mask)
+
+    return jax.jit(run)(params), str(jax.make_jaxpr(run)(params))
+
+  @parameterized.parameters(4, 5)
+  def test_a_prefill_filling_its_cache_scores_blocks(self, block):
+    """A prefill of T = 12 tokens into a cache of 12 slots scores blocks (`[4, 4]`, `[4, 8]`,
+    `[4, 12]` for blocks of 4), with the logits, keys and values of the blockless prefill;
+    into a longer cache (T < S: its slots past T are not causal in slot order) it scores all
+    S keys at once."""
+    (logits, cache), jaxpr = self._prefill(block, 12, 12)
+    (logits0, cache0), jaxpr0 = self._prefill(0, 12, 12)
+    if block == 4:
+      for keys in (4, 8, 12):
+        self.assertIn(f"f32[3,2,2,4,{keys}]", jaxpr)
+    self.assertNotIn("f32[3,2,2,12,12]", jaxpr)
+    self.assertIn("f32[3,2,2,12,12]", jaxpr0)
+    valid = np.asarray(cache0.valid)
+    np.testing.assert_array_equal(np.asarray(cache.valid), valid)
+    np.testing.assert_allclose(np.where(valid[..., None], logits, 0),
+                               np.where(valid[..., None], logits0, 0), rtol=1e-5, atol=1e-5)
+    for a, b in zip(cache.k + cache.v, cache0.k + cache0.v, strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    self.assertEqual(int(cache.index), 12)
+    _, longer = self._prefill(block, 12, 16)
+    self.assertIn("f32[3,2,2,12,16]", longer)
+
+  def test_a_prefill_filling_its_cache_writes_from_slot_zero(self):
+    """T = S tokens fill the cache from slot 0 whatever its index (the slice update's start is
+    clamped there): the same logits and cache as at index 0, and the mask agrees with it."""
+    (logits, cache), _ = self._prefill(4, 12, 12, index=5)
+    (logits0, cache0), _ = self._prefill(4, 12, 12, index=0)
+    np.testing.assert_allclose(logits, logits0, rtol=1e-6, atol=1e-6)
+    for a, b in zip(cache.k + cache.v, cache0.k + cache0.v, strict=True):
+      np.testing.assert_array_equal(a, b)
+    self.assertEqual(int(cache.index), 12)
 
   def test_training_config_reaches_the_model(self):
     c = config_lib.TrainConfig()

@@ -314,11 +314,14 @@ class ShardedModelTest(parameterized.TestCase):
     batch axes hold) and the rows' suffixes placed by the rules; greedy tokens and log-probs
     are the one-device whole prefill's."""
     graphdef, ref_params, _, _ = _reference()
-    prompts, lengths = _prompts(0)
-    prompts[:4, :4] = prompts[0, :4]  # two groups of 4: the first shares 4 tokens
-    prompts[4:, :2] = prompts[4, :2]  # the second 2
-    lengths = np.maximum(lengths, 5)
-    self.assertLess(shared_prefill.split_shared_prefixes(prompts, lengths, 4).token_slots, _N * 16)
+    rng = np.random.default_rng(7)
+    lengths = np.array([16, 19, 22, 17, 14, 20, 15, 24], np.int32)
+    prompts = rng.integers(2, _CONFIG.vocab_size, (_N, 24)).astype(np.int32)
+    prompts[:4, :13] = prompts[0, :13]  # two groups of 4: the first shares 13 tokens
+    prompts[4:, :11] = prompts[4, :11]  # the second 11
+    prompts[np.arange(24)[None, :] >= lengths[:, None]] = 0
+    # The shared path is the sampler's choice for these prompts (its estimate is the lower).
+    self.assertIsNotNone(shared_prefill.layout(prompts, lengths, 4, 32, config=_CONFIG))
     want = jax.device_get(sampler.sample(graphdef, ref_params, prompts, lengths,
                                          jax.random.key(5), max_new_tokens=_NEW, greedy=True))
     mesh = parallel.make_mesh(shape)

@@ -6,6 +6,7 @@ and on meshes in `placement_test`."""
 from absl.testing import absltest
 import numpy as np
 
+from agentic_grpo.models import presets
 from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import shared_prefill
 
@@ -76,6 +77,52 @@ class LayoutTest(absltest.TestCase):
       layout = shared_prefill.layout(prompts, lengths, 2, 128)
       self.assertEqual(layout.token_slots,
                        sampling_rules.prompt_bucket(60) + 2 * chunks * shared_prefill.SUFFIX_CHUNK)
+
+
+class CostTest(absltest.TestCase):
+  """`prefill_cost`: the whole prefill's causal blocks against the loop's chunks, each scored
+  against the whole cache."""
+
+  def test_causal_pairs(self):
+    # Blocks of 4 over 12 slots: 4 * 4 + 4 * 8 + 4 * 12; over 10: 4 * 4 + 4 * 8 + 2 * 10.
+    self.assertEqual(shared_prefill.causal_pairs(12, 4), 16 + 32 + 48)
+    self.assertEqual(shared_prefill.causal_pairs(10, 4), 16 + 32 + 20)
+    # Below two blocks, and without blocks, the transformer scores all pairs.
+    self.assertEqual(shared_prefill.causal_pairs(7, 4), 49)
+    self.assertEqual(shared_prefill.causal_pairs(12, 0), 144)
+
+  def test_pair_cost_of_tiny(self):
+    # 4 heads of 32: 2 * 128 FLOPs-equivalents per pair over 245,760 weights per layer.
+    self.assertAlmostEqual(shared_prefill.pair_cost(presets.get_model_config("tiny")),
+                           1 / 960)
+
+  def test_without_a_config_slots_alone(self):
+    whole, shared = shared_prefill.prefill_cost(16, 8, 128, 64, 3, None)
+    self.assertEqual(whole, 16 * 128)
+    self.assertEqual(shared, 2 * 64 + 16 * 3 * shared_prefill.SUFFIX_CHUNK)
+
+  def _stage(self, prefix, rest, width, rows=128, group=8):
+    """Rows in groups sharing `prefix` tokens, each with `rest` tokens of its own after it."""
+    rng = np.random.RandomState(1)
+    prompts = np.zeros((rows, width), np.int32)
+    for g in range(rows // group):
+      common = rng.randint(2, 200, (prefix,))
+      for r in range(g * group, (g + 1) * group):
+        prompts[r, :prefix + rest] = np.concatenate([common, rng.randint(2, 200, (rest,))])
+    return prompts, np.full((rows,), prefix + rest, np.int32)
+
+  def test_long_rests_take_the_whole_prefill(self):
+    """A late piece of a long conversation (a 70-token task prompt, then 330 tokens of each
+    attempt's own in a 448 bucket): fewer slots in the loop, but each of its chunks scores the
+    whole cache, where the whole prefill scores causal blocks; with the model's config the
+    whole prefill is taken. The first piece (rests of 30) keeps the loop."""
+    tiny = presets.get_model_config("tiny")
+    prompts, lengths = self._stage(70, 330, 448)
+    self.assertIsNotNone(shared_prefill.layout(prompts, lengths, 8, 448, (256, 448)))
+    self.assertIsNone(shared_prefill.layout(prompts, lengths, 8, 448, (256, 448), config=tiny))
+    prompts, lengths = self._stage(70, 30, 256)
+    self.assertIsNotNone(
+        shared_prefill.layout(prompts, lengths, 8, 256, (256, 448), config=tiny))
 
 
 if __name__ == "__main__":

@@ -459,9 +459,9 @@ def sample(
       longest common prefix once, for `N / G` rows at a width of
       `prompt_buckets`, copies its cache to the group's rows and prefills each
       row's rest after it (`shared_prefill.SUFFIX_CHUNK` tokens a loop step, up to the longest
-      rest), when that prefills fewer token slots than the whole prompts would
-      (else, and at 1, the plain prefill). Same tokens and log-probs up to float
-      rounding. Single-process only.
+      rest), when its estimated work is less than the whole prompts' prefill
+      (`shared_prefill.layout`; else, and at 1, the plain prefill). Same tokens and
+      log-probs up to float rounding. Single-process only.
     compact_to: decode compaction, static (0 = off; ignored unless below the global row
       count, `N * process_count` with `shardings`): once at most `compact_to` rows are still
       generating, those rows alone (gathered with their cache, keys and stop tables) are
@@ -512,7 +512,7 @@ def sample(
   shared = None
   if prefix_group > 1:
     layout = shared_prefill.layout(prompts, prompt_lengths, prefix_group, bucket,
-                                   prompt_buckets, pad_id)
+                                   prompt_buckets, pad_id, req.config)
     if layout is not None:
       prompts, shared = layout.suffix, (layout.group_prompts, layout.shared_lengths)
   if shared is None:  # the whole prompts, at the bucket's width

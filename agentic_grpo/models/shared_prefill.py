@@ -10,8 +10,8 @@ same rotary positions), so the sampler's decode program is the same for both, an
 log-probs agree with the whole prefill up to float rounding.
 
 * `split_shared_prefixes` (host): the groups' prefixes and the rows' rests.
-* `layout` (host): that split, at the sampler's prompt width, when it prefills fewer token
-  slots than the whole prompts would; else None.
+* `layout` (host): that split, at the sampler's prompt width, when its estimated work
+  (`prefill_cost`) is less than the whole prompts' prefill; else None.
 * `prefill` (traced): the prefill itself, called by the sampler's jitted prefill.
 """
 
@@ -28,6 +28,14 @@ from agentic_grpo.models import transformer
 SUFFIX_BUCKETS = tuple(2 ** k for k in range(3, 18))  # 8 .. 131072
 # Suffix tokens per step of the shared-prefix prefill's loop (`prefill`).
 SUFFIX_CHUNK = 16
+# The attention's rate against the dense layers' in the prefill's estimated cost
+# (`prefill_cost`). Fitted to the static sampler's prefill of the `tiny` model on XLA:CPU (128
+# rows in groups of 8, prompts of 50-400 tokens, widths 192 to 448): the whole prefill's
+# attention costs about twice its share of FLOPs (`WHOLE_ATTENTION_COST`); the loop's, each
+# chunk's 16 queries against all S slots of the cache, `1 + S / LOOP_ATTENTION_SLOTS` times
+# the whole prefill's per pair (1.4 at S = 208, 1.9 at S = 464).
+WHOLE_ATTENTION_COST = 2.0
+LOOP_ATTENTION_SLOTS = 500
 
 
 class SharedPrefixes(NamedTuple):
@@ -86,16 +94,63 @@ def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group
   return SharedPrefixes(group_prompts, shared, suffix, n // group * pa + n * pb)
 
 
+def causal_pairs(width: int, causal_block: int) -> int:
+  """Query-key pairs a row's prefill of `width` slots scores from slot 0: the blocks of
+  `causal_block` queries against the keys up to their own last slot when the transformer
+  takes that path (`ModelConfig.causal_block`: `width >= 2 * causal_block`), else all
+  `width ** 2`."""
+  if not causal_block or width < 2 * causal_block:
+    return width * width
+  return sum((min(s + causal_block, width) - s) * min(s + causal_block, width)
+             for s in range(0, width, causal_block))
+
+
+def pair_cost(config: transformer.ModelConfig) -> float:
+  """One query-key pair's attention FLOPs (scores and weighted values, all heads) over one
+  token's dense FLOPs (q, k, v, o and the SwiGLU MLP), per layer: the unit of `prefill_cost`."""
+  c = config
+  dense = c.d_model * (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim + 3 * c.d_model * c.mlp_dim
+  return 2.0 * c.n_heads * c.head_dim / dense
+
+
+def prefill_cost(n: int, group: int, width: int, prefix_width: int, loop_steps: int,
+                 config: Optional[transformer.ModelConfig]) -> tuple[float, float]:
+  """Estimated work of the whole prompts' prefill and of the shared-prefix prefill of `n`
+  rows at prompt width `width`, in token slots of dense work (`layout`'s choice).
+
+  The whole prefill: `n * width` slots and `n` rows' `causal_pairs`. The shared-prefix
+  prefill: `n / group` prefixes of `prefix_width` slots with their causal pairs, then
+  `loop_steps` steps of `SUFFIX_CHUNK` tokens per row, each against the cache's `S = width +
+  SUFFIX_CHUNK` slots. A pair counts `pair_cost(config) * WHOLE_ATTENTION_COST` slots, the
+  loop's `1 + S / LOOP_ATTENTION_SLOTS` times that (nothing when `config` is None: slots
+  alone).
+
+  Returns:
+    `(whole, shared)` estimated costs.
+  """
+  unit = 0.0 if config is None else pair_cost(config) * WHOLE_ATTENTION_COST
+  block = 0 if config is None else config.causal_block
+  slots = width + SUFFIX_CHUNK  # the keys of each loop step
+  whole = n * width + unit * n * causal_pairs(width, block)
+  loop = n * loop_steps * SUFFIX_CHUNK
+  shared = (n // group * (prefix_width + unit * causal_pairs(prefix_width, block))
+            + loop + unit * (1 + slots / LOOP_ATTENTION_SLOTS) * loop * slots)
+  return whole, shared
+
+
 def layout(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int, width: int,
            prompt_buckets: Sequence[int] = sampling_rules.DEFAULT_PROMPT_BUCKETS,
-           pad_id: int = 0) -> Optional[SharedPrefixes]:
+           pad_id: int = 0, config: Optional[transformer.ModelConfig] = None
+           ) -> Optional[SharedPrefixes]:
   """The shared-prefix prefill's inputs for right-padded prompts `[N, P]` at the sampler's
   prompt width `width` (a bucket that holds the longest prompt), or None when the whole
-  prompts' prefill computes no more token slots (`N * width`).
+  prompts' prefill is estimated to cost no more (`prefill_cost`, with the model's `config`;
+  None: token slots alone, `N * width` against `token_slots`).
 
   The shared-prefix prefill computes `N / G * Pa` prefix slots and, its loop running to the
   longest rest, `N * round_up(longest rest, SUFFIX_CHUNK)` suffix slots (`token_slots` of the
-  result). Its `suffix` is `[N, width]` (right-padded with `pad_id`).
+  result), each suffix chunk against every slot of the cache, where the whole prefill scores
+  causal blocks. Its `suffix` is `[N, width]` (right-padded with `pad_id`).
 
   Raises:
     ValueError: as `split_shared_prefixes`.
@@ -104,8 +159,10 @@ def layout(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int, width: i
   n = split.suffix.shape[0]
   longest_rest = int(np.max(np.asarray(prompt_lengths)
                             - np.repeat(split.shared_lengths, group)))
-  slots = split.group_prompts.size + n * sampling_rules.round_up(longest_rest, SUFFIX_CHUNK)
-  if slots >= n * width:
+  steps = -(-longest_rest // SUFFIX_CHUNK)
+  slots = split.group_prompts.size + n * steps * SUFFIX_CHUNK
+  whole, shared = prefill_cost(n, group, width, split.group_prompts.shape[1], steps, config)
+  if shared >= whole:
     return None
   suffix = np.full((n, width), pad_id, split.suffix.dtype)
   keep = min(width, split.suffix.shape[1])

@@ -88,10 +88,11 @@ class ModelConfig:
       and recomputed in the backward pass, never for all queries at once. 0 = auto
       (`AUTO_ATTENTION_CHUNK` queries, once T exceeds twice that); to turn it off, set it to
       `max_seq_len` or more.
-    causal_block: queries per causal block of the cache-less forward's unchunked attention:
-      with T >= 2 * causal_block queries, each block of queries is scored against the keys up
-      to its own last slot only, so the all-masked score blocks above the diagonal are never
-      computed (T = 512 in blocks of 128: 10 of 16 blocks). The same logits up to float
+    causal_block: queries per causal block of the unchunked attention of a cache-less forward
+      and of a prefill that fills its whole cache (T = S): with T >= 2 * causal_block
+      queries, each block of queries is scored against the keys up to its own last slot only,
+      so the all-masked score blocks above the diagonal are never computed (T = 512 in blocks
+      of 128: 10 of 16 blocks). The same logits and cache up to float
       rounding; one more matmul pair per block to compile. When the attention is chunked
       (`attention_chunk`), a value below T makes each chunk of queries attend to the keys up
       to its own last slot the same way (the chunks unrolled, each recomputed in the backward
@@ -421,7 +422,8 @@ class Attention(nnx.Module):
       out = _causal_block_attention(q, k, v, mask, chunk, dt, remat=True)
     elif chunk < t:
       out = _chunked_attention(q, k, v, mask, chunk, dt)
-    elif layer_cache is None and c.causal_block and t >= 2 * c.causal_block:
+    elif ((layer_cache is None or t == k.shape[2])  # no cache, or one filled from slot 0
+          and c.causal_block and t >= 2 * c.causal_block):
       out = _causal_block_attention(q, k, v, mask, c.causal_block, dt)
     else:
       out = _attention(q, k, v, mask, dt)
@@ -497,6 +499,10 @@ class Transformer(nnx.Module):
       index = None
     else:
       index = cache.index
+      if t == cache.valid.shape[1]:
+        # T tokens fill the whole cache: written from slot 0, as the slice update's clamped
+        # start is, whatever the index (so the mask is causal in slot order).
+        index = jnp.zeros_like(index)
       k_slots = jnp.arange(cache.valid.shape[1])
       if index.ndim == 0:
         valid = jax.lax.dynamic_update_slice(cache.valid, segment_mask, (0, index))
@@ -609,6 +615,8 @@ def apply(
       `cache.index .. cache.index + T - 1` (the caller keeps this within the
       cache's S slots) and attend to every valid earlier slot. A `[N]`
       `cache.index` writes each row at its own slot (continuous batching).
+      T = S tokens fill the whole cache from slot 0 whatever the index (a
+      prefill), with `ModelConfig.causal_block`'s blocks.
     segment_mask: optional `[N, T]` bool, False on padding; padded tokens are
       never attended to. Defaults to all True.
     logits_at: optional `[N]` int32, one token index in `[0, T)` per row: only
