@@ -32,6 +32,19 @@ class BatchedTest(parameterized.TestCase):
       self.assertEqual(got.shape, (b, 4))
       np.testing.assert_allclose(got, eager[..., stage], rtol=1e-6, atol=1e-7)
 
+  def test_stage_advantages_compile_once_for_every_stage(self):
+    """The stage is traced and later stages are padding: stages 0..3 of 5 groups (rewards of
+    the stages so far, as the replay gives them) share one program."""
+    rewards, valid, _, _ = _inputs(5, s=4, seed=7)
+    eager = np.asarray(advantages.provisional_advantages(rewards, valid, scale="std",
+                                                         baseline="previous_stage"))
+    before = batched._stage_advantages._cache_size()
+    for stage in range(4):
+      got = batched.stage_advantages(rewards[..., :stage + 1], valid[..., :stage + 1], stage,
+                                     scale="std", baseline="previous_stage")
+      np.testing.assert_allclose(got, eager[..., stage], rtol=1e-6, atol=1e-7)
+    self.assertEqual(batched._stage_advantages._cache_size() - before, 1)
+
   @parameterized.product(b=(1, 3), mode=("outcome", "return", "mixed"),
                          baseline=("none", "previous_stage"))
   def test_outcome_credit_equals_eager(self, b, mode, baseline):

@@ -11,18 +11,24 @@ operations:
 * `tied_groups`: which of B groups' rewards tie (no learning signal), for the agent loop's
   `signal/...` metrics.
 
-Group counts and version counts are padded to powers of two (padding groups are invalid, so they
-touch no statistic of a real group; padding versions are the current one), so each call compiles
-for a few shapes only. The numbers are those of the eager functions (`tests/batched_test.py`).
+Group counts, stage counts and version counts are padded to powers of two (padding groups and
+stages are invalid, so they touch no statistic of a real group or earlier stage; padding versions
+are the current one), and the stage is a traced argument, so each call compiles for a few shapes
+only: `stage_advantages` once for every stage of a workflow of up to four. The numbers are those of the eager functions (`tests/batched_test.py`).
 """
 
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentic_grpo.core import advantages as advantages_lib
 from agentic_grpo.core import correction as correction_lib
+
+
+# Stage counts of `stage_advantages`'s rewards are padded to a power of two, at least this.
+_MIN_STAGES = 4
 
 
 def _pow2(n: int) -> int:
@@ -36,10 +42,12 @@ def _pad_groups(x: np.ndarray, b: int, value) -> np.ndarray:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("stage", "scale", "baseline", "negative_weight"))
-def _stage_advantages(rewards, valid, *, stage, scale, baseline, negative_weight):
-  adv = advantages_lib.provisional_advantages(rewards, valid, scale=scale,
-                                              baseline=baseline)[..., stage]
+@functools.partial(jax.jit, static_argnames=("scale", "baseline", "negative_weight"))
+def _stage_advantages(rewards, valid, stage, *, scale, baseline, negative_weight):
+  # `stage` traced: one program for every stage of a shape (the stages' advantages are
+  # computed together either way).
+  adv = jnp.take(advantages_lib.provisional_advantages(rewards, valid, scale=scale,
+                                                       baseline=baseline), stage, axis=-1)
   return advantages_lib.weight_negatives(adv, negative_weight)
 
 
@@ -69,10 +77,14 @@ def stage_advantages(stage_rewards: np.ndarray, valid: np.ndarray, stage: int, *
                      f"{stage_rewards.shape} and {valid.shape}")
   if not 0 <= stage < stage_rewards.shape[2]:
     raise ValueError(f"stage must be in [0, {stage_rewards.shape[2]}), got {stage}")
-  b = stage_rewards.shape[0]
-  out = _stage_advantages(_pad_groups(stage_rewards, _pow2(b), 0.0),
-                          _pad_groups(valid, _pow2(b), False), stage=stage, scale=scale,
-                          baseline=baseline, negative_weight=float(negative_weight))
+  b, _, k = stage_rewards.shape
+  # Stages past `stage` are padding (invalid, reward 0), which no earlier stage's advantage
+  # reads: every stage of a workflow of up to `_MIN_STAGES` stages shares one program.
+  pad = ((0, 0), (0, 0), (0, max(_MIN_STAGES, _pow2(k)) - k))
+  out = _stage_advantages(_pad_groups(np.pad(stage_rewards, pad), _pow2(b), 0.0),
+                          _pad_groups(np.pad(valid, pad), _pow2(b), False), np.int32(stage),
+                          scale=scale, baseline=baseline,
+                          negative_weight=float(negative_weight))
   return np.asarray(out)[:b]
 
 
