@@ -111,9 +111,9 @@ class RLSection:
   `shared_prefill` (the static sampler, one process): a call whose rows come in groups of
   `group_size` (a training stage's attempts at one task; evaluation's headroom groups)
   prefills each group's longest common prompt prefix once and each row's rest after it
-  (`models.sampler.sample`'s `prefix_group`), when that computes fewer token slots than
-  prefilling every prompt whole: a stage's prompts share the task prompt, so its prefill
-  shrinks up to G-fold. Same tokens and log-probs up to float rounding.
+  (`models.sampler.sample`'s `prefix_group`), when its estimated work is less than
+  prefilling every prompt whole (`models.shared_prefill.layout`): a stage's prompts share the
+  task prompt, so its prefill shrinks up to G-fold. Same tokens and log-probs up to float rounding.
 
   Attributes:
     num_steps: learner updates of the RL phase.

@@ -46,7 +46,7 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   to one prompt bucket and decoded together, the rows still generating alone once at most
   `rl.sampler_compact_to` are; with `rl.shared_prefill` in a single process, a
   call whose rows are a multiple of `rl.group_size` is prefilled in groups of that many
-  consecutive rows, `sample`'s `prefix_group`, when that computes fewer token slots) or
+  consecutive rows, `sample`'s `prefix_group`, when its estimated work is less) or
   `'continuous'` (`models.continuous.sample`, `rl.sampler_slots` decode slots, 0 = the
   call's n rows, each refill prefilled at the smallest of `rl.buckets` that holds it). Either
   way call `counter` samples with the key `jax.random.fold_in(key(seed), counter)`, split into
