@@ -14,7 +14,8 @@ operations:
 Group counts, stage counts and version counts are padded to powers of two (padding groups and
 stages are invalid, so they touch no statistic of a real group or earlier stage; padding versions
 are the current one), and the stage is a traced argument, so each call compiles for a few shapes
-only: `stage_advantages` once for every stage of a workflow of up to four. The numbers are those of the eager functions (`tests/batched_test.py`).
+only: `stage_advantages` once for every stage of a workflow of up to four. The numbers are those
+of the eager functions (`tests/batched_test.py`).
 """
 
 import functools

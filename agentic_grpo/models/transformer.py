@@ -332,6 +332,13 @@ def _chunked_attention(q, k, v, mask, chunk, dt):
   return out[:, :, :, :t]
 
 
+def scores_causal_blocks(t: int, causal_block: int) -> bool:
+  """Whether an unchunked attention over `t` queries that start at slot 0 (a cache-less
+  forward, or a prefill that fills its cache) is scored in `causal_block` blocks
+  (`ModelConfig.causal_block`: on, and at least two blocks)."""
+  return bool(causal_block) and t >= 2 * causal_block
+
+
 def _causal_block_attention(q, k, v, mask, block, dt, remat=False):
   """`_attention` of a cache-less forward (`ModelConfig.causal_block`), whose mask is causal in
   storage order (no query sees a key stored after it): one block of `block` queries at a time,
@@ -423,7 +430,7 @@ class Attention(nnx.Module):
     elif chunk < t:
       out = _chunked_attention(q, k, v, mask, chunk, dt)
     elif ((layer_cache is None or t == k.shape[2])  # no cache, or one filled from slot 0
-          and c.causal_block and t >= 2 * c.causal_block):
+          and scores_causal_blocks(t, c.causal_block)):
       out = _causal_block_attention(q, k, v, mask, c.causal_block, dt)
     else:
       out = _attention(q, k, v, mask, dt)
