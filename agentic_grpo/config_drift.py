@@ -77,6 +77,7 @@ MAY_CHANGE = frozenset({
     "rl.shared_prefill",  # the same prompts prefilled in two parts: float rounding only
     "rl.precompile_rows",  # when the update step compiles, not what it computes
     "rl.update_chunk_rows",  # the same update, accumulated over chunks of rows
+    "rl.loss_slot_fractions",  # the same update, the last block at the loss tokens' slots
     "rl.prefix_cache_mb",  # how many saved rows are kept: which contexts are prefilled whole
     "rl.max_idle_batches", "rl.max_skipped_updates",
     # The judge's speed: when a final reward lands is `rl.final_reward_lag`'s, not the judge's.

@@ -125,6 +125,11 @@ def get_config() -> ml_collections.ConfigDict:
   # per row count, and no row-bucket padding past the last chunk (with chunks, the programs
   # compiled ahead are the chunk's, whatever `precompile_rows` names).
   c.rl.update_chunk_rows = 2
+  # A chunk's loss reads a few of its rows' slots (a stage's generated tokens after a context
+  # recomputed under the current policy): the last block and the output head run at those
+  # slots only (`UpdateBatch.loss_slots`), a quarter of the row's, when they hold every row's
+  # loss tokens; the same update up to float rounding. One width: one more gradient program.
+  c.rl.loss_slot_fractions = (0.25,)
   # A sampler call decodes until its longest completion ends, while most stop early (10 tokens
   # on average, 31 the longest of 128): once at most 32 rows are still generating, they go on
   # alone (`models.sampler.sample`'s `compact_to`), a quarter of the rows per decode step.

@@ -226,6 +226,40 @@ class ShardedModelTest(parameterized.TestCase):
                                 jax.tree.map(np.asarray, _INITIAL[0]))
     self.assertEqual(params["embed"].get_value().sharding.spec, P("tensor", "fsdp"))
 
+  def test_a_prefill_compiled_ahead_is_not_compiled_again(self):
+    # `compile_prefill` on the parameters' shapes (a background thread's, before the RL phase)
+    # fills the sharded prefill's cache: the first call at that width compiles its decode only.
+    graphdef, ref_params, _, _ = _reference()
+    mesh = parallel.make_mesh((2, 1, 1))
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            params)
+    prompts, lengths = _prompts()
+    compiles = []
+
+    def count(event, seconds, **kwargs):
+      del seconds, kwargs
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiles.append(event)
+
+    sample = functools.partial(sampler.sample, graphdef, params, prompts, lengths,
+                               jax.random.key(0), max_new_tokens=_NEW, greedy=True,
+                               shardings=shardings)
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+      sample(prompt_buckets=(32,))  # the call's other programs, at another width
+      before = len(compiles)
+      sampler.compile_prefill(graphdef, abstract, shardings, _N, 16)
+      self.assertLen(compiles, before + 1)
+      out = sample(prompt_buckets=(16,))
+      self.assertLen(compiles, before + 2)  # the decode
+    finally:
+      jax.monitoring.unregister_event_duration_listener(count)
+    self.assertEqual(np.asarray(out.tokens).shape, (_N, _NEW))
+
   @parameterized.named_parameters(*MESHES)
   def test_greedy_sampling_equals_one_device_with_cache_sharded_by_rules(self, shape):
     graphdef, ref_params, _, _ = _reference()

@@ -415,10 +415,14 @@ class PackedUpdateTest(parameterized.TestCase):
       np.testing.assert_allclose(lp_packed[r, s[:m]], lp_plain[r0, s0[:m]], atol=2e-5, rtol=0)
 
   @parameterized.named_parameters(
-      ("dr_grpo_kl", "seq_mean_token_sum_norm", 1, 0.1),
-      ("token_mean_micro2", "token_mean", 2, 0.0),
+      ("dr_grpo_kl", "seq_mean_token_sum_norm", 1, 0.1, False),
+      ("token_mean_micro2", "token_mean", 2, 0.0, False),
+      # The packed rows' loss tokens only (`UpdateBatch.loss_slots`): the last block and the
+      # head at their predictor slots, the first token of a suffix scored from its prefix.
+      ("dr_grpo_kl_loss_slots", "seq_mean_token_sum_norm", 1, 0.1, True),
+      ("token_mean_micro2_loss_slots", "token_mean", 2, 0.0, True),
   )
-  def test_loss_and_gradient_equal(self, aggregation, micro_batches, kl_beta):
+  def test_loss_and_gradient_equal(self, aggregation, micro_batches, kl_beta, loss_slots):
     graphdef, params, ref = _params()
     cfg = _cfg(aggregation, micro_batches, kl_beta)
     plain = _take_all(_replay(False, shared_start=True))
@@ -426,6 +430,11 @@ class PackedUpdateTest(parameterized.TestCase):
     packed_replay.prefix_packing = batching.PrefixPacking(PACKED, row_granule=micro_batches)
     packed = _take_all(packed_replay)
     self.assertEqual(packed.update.tokens.shape[0] % micro_batches, 0)
+    if loss_slots:
+      mask = packed.update.loss_mask
+      width = int(mask.sum(1).max())
+      self.assertLess(width, mask.shape[1] // 2)
+      packed = dataclasses.replace(packed, update=learner.with_loss_slots(packed.update, width))
     step = learner.make_update_step(graphdef, cfg, _SGD)
     got, want = [], []
     for batch, out in ((plain, want), (packed, got)):
@@ -462,12 +471,16 @@ class PackedUpdateTest(parameterized.TestCase):
     # sums by its shapes): equal up to float rounding.
     np.testing.assert_allclose(m_plain["grad_norm"], m_packed["grad_norm"], rtol=1e-6)
 
-  @parameterized.named_parameters(("data8", (8, 1, 1)), ("data2_fsdp2_tensor2", (2, 2, 2)))
-  def test_sharded_packed_update_equals_one_device(self, shape):
+  @parameterized.named_parameters(("data8", (8, 1, 1), False),
+                                  ("data2_fsdp2_tensor2", (2, 2, 2), False),
+                                  ("data2_fsdp2_tensor2_loss_slots", (2, 2, 2), True))
+  def test_sharded_packed_update_equals_one_device(self, shape, loss_slots):
     graphdef, params, ref = _params()
     cfg = _cfg()
     tx = learner.make_optimizer(dataclasses.replace(cfg.optim, eps=1e-3))
     batch = _take_all(_replay(True, shared_start=True)).update
+    if loss_slots:
+      batch = learner.with_loss_slots(batch, int(batch.loss_mask.sum(1).max()))
     one = learner.make_update_step(graphdef, cfg, tx)
     s1, m1 = one(_state(params, tx), batch, ref)
     mesh = parallel.make_mesh(shape)

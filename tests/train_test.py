@@ -462,24 +462,36 @@ class TrainTest(parameterized.TestCase):
 
   def test_update_shapes_compiled_ahead_are_not_compiled_again(self):
     cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1, 2), "rl.packed_buckets": (160,),
-                                  "rl.update_chunk_rows": 0})
+                                  "rl.update_chunk_rows": 0, "rl.loss_slot_fractions": ()})
     comp = train.build(cfg, pool=self.pool)
     device = device_lib.DeviceSide(comp)
     self.assertEqual(device.rl_update_shapes(), [(1, 160), (2, 160)])
+    sampler_lib._sharded_prefill.cache_clear()  # another test's run may have compiled it
     with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      _wait_for(compiles, 2)  # the background thread's
-      self.assertLen(compiles, 2)
+      # The background thread's: the two update steps, then the sampler's whole-prompt
+      # prefill of a training stage's 2 rows at the one prompt bucket.
+      _wait_for(compiles, 3)
+      self.assertLen(compiles, 3)
       traces = device.num_traces["update"]  # the step is cached: other tests may have traced it
       for rows in (1, 2):
         batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
         device.fetch([device.update(batch, rows, cfg.rl.buckets)])
-      self.assertLen(compiles, 2)  # no new compilation: both ran the programs compiled ahead
+      self.assertLen(compiles, 3)  # no new compilation: both ran the programs compiled ahead
       self.assertEqual(device.num_traces["update"], traces)
       device.fetch([device.update(core_types.UpdateBatch.padding(4, 160, packed=True), 4,
                                   cfg.rl.buckets)])
-      self.assertLen(compiles, 3)  # a shape not named compiles on first use
+      self.assertLen(compiles, 4)  # a shape not named compiles on first use
+    # The sampler's first call with a training stage's rows prefilled whole (no shared
+    # prefix) takes the program compiled ahead (its compiled cache: placement_test).
+    fn = train.make_sample_fn(comp, 0)
+    prompts = np.random.RandomState(0).randint(3, 200, (2, 100)).astype(np.int32)
+    hits = sampler_lib._sharded_prefill.cache_info().hits
+    tokens, _, _ = fn(device.policy, prompts, np.array([100, 90], np.int32), 1, False)
+    self.assertEqual(sampler_lib._sharded_prefill.cache_info().hits, hits + 1)
+    self.assertEqual(sampler_lib._sharded_prefill.cache_info().currsize, 1)
+    self.assertLen(tokens, 2)
 
   def test_ppo_epochs_take_that_many_optimizer_steps_on_the_same_rows(self):
     # GRPO's μ iterations: an update of rl.ppo_epochs=2 equals two updates of 1 on its rows
@@ -510,13 +522,16 @@ class TrainTest(parameterized.TestCase):
     self.assertGreater(max(moved), 1e-6)  # the second pass is a step of its own
 
   @parameterized.parameters(
-      ("seq_mean_token_sum_norm", 1, True, 6), ("token_mean", 1, True, 6),
-      ("seq_mean_token_mean", 1, False, 6), ("seq_mean_token_sum_norm", 2, False, 6),
-      ("token_mean", 2, True, 6), ("seq_mean_token_sum_norm", 4, True, 8))
-  def test_chunked_update_equals_the_whole_step(self, aggregation, data, packed, slots):
+      ("seq_mean_token_sum_norm", 1, True, 6, ()), ("token_mean", 1, True, 6, (0.5,)),
+      ("seq_mean_token_mean", 1, False, 6, (0.5,)), ("seq_mean_token_sum_norm", 2, False, 6, ()),
+      ("token_mean", 2, True, 6, (0.25, 0.5)), ("seq_mean_token_sum_norm", 4, True, 8, ()))
+  def test_chunked_update_equals_the_whole_step(self, aggregation, data, packed, slots,
+                                                fractions):
     # rl.update_chunk_rows: 5 real rows and 3 padding rows (a row bucket of 8) in chunks of 2
     # rows (3 chunks, the last half padding) make the update of the whole batch. On a data-4
-    # mesh a chunk is 4 rows (whole shards): 2 chunks.
+    # mesh a chunk is 4 rows (whole shards): 2 chunks. With rl.loss_slot_fractions the rows'
+    # 40-50 loss tokens are scored at 80 of their 160 slots (the chunks' and the whole
+    # batch's), the chunk of padding rows at the smallest width.
     rs = np.random.RandomState(1)
     batch = core_types.UpdateBatch.padding(8, 160, packed=packed)
     batch.tokens[:5] = rs.randint(3, 200, (5, 160))
@@ -526,48 +541,57 @@ class TrainTest(parameterized.TestCase):
     batch.sample_weights[:5] = 1.0
     batch.advantages[:] = np.where(batch.loss_mask, rs.randn(8, 1), 0.0)
     batch.behaviour_logprobs[:] = np.where(batch.loss_mask, -5.5, 0.0)
+    self.assertBetween(int(batch.loss_mask.sum(1).max()), 40, 80)
     got = {}
-    for chunk in (0, 2):
+    runs = ((0, ()), (2, fractions)) + (((0, fractions),) if fractions else ())
+    for chunk, fracs in runs:
       cfg = _micro(tiny_codegen, **{"rl.update_chunk_rows": chunk, "rl.rows_per_update": 8,
                                     "loss.aggregation": aggregation, "rl.pack_prefix": packed,
                                     "rl.packed_buckets": (160,), "mesh.data": data,
-                                    "rl.buckets": (160,), "model.max_seq_len": 256})
+                                    "rl.buckets": (160,), "model.max_seq_len": 256,
+                                    "rl.loss_slot_fractions": fracs})
       device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
       device.start_rl()
       pending = device.update(batch, 8, cfg.rl.buckets)
       metrics = device.fetch([pending])[0]
-      got[chunk] = (jax.tree.map(np.asarray, device.state.params), metrics, pending)
-    chex.assert_trees_all_close(got[2][0], got[0][0], atol=2e-6)
-    for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ratio_mean", "grad_norm",
-                "loss_tokens"):
-      np.testing.assert_allclose(got[2][1][key], got[0][1][key], rtol=1e-5, atol=1e-6,
-                                 err_msg=key)
+      got[chunk, fracs] = (jax.tree.map(np.asarray, device.state.params), metrics, pending)
+    want = got[0, ()]
+    for run in runs[1:]:
+      chex.assert_trees_all_close(got[run][0], want[0], atol=2e-6)
+      for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ratio_mean", "grad_norm",
+                  "loss_tokens"):
+        np.testing.assert_allclose(got[run][1][key], want[1][key], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{run} {key}")
+    got[0], got[2] = want, got[2, fractions]
     self.assertGreater(got[0][1]["grad_norm"], 0.0)
     self.assertIsNone(got[0][2].row_slots)
     self.assertEqual(got[2][2].row_slots, slots)  # 5 real rows in whole chunks
     self.assertEqual(got[2][2].tokens, slots * 160)
 
   def test_chunked_update_compiles_its_programs_ahead_once(self):
-    # With rl.update_chunk_rows, compile_rl_updates compiles the chunk's gradient program at
-    # the one packed length, the zero accumulator and the optimizer step; updates of any row
-    # count then compile nothing.
+    # With rl.update_chunk_rows, compile_rl_updates compiles the chunk's gradient programs at
+    # the one packed length (every slot scored, and at rl.loss_slot_fractions' one width), the
+    # zero accumulator and the optimizer step; updates of any row count then compile nothing.
     cfg = _micro(tiny_codegen, **{"rl.precompile_rows": (1,), "rl.packed_buckets": (160,),
-                                  "rl.update_chunk_rows": 2, "rl.rows_per_update": 8})
+                                  "rl.update_chunk_rows": 2, "rl.rows_per_update": 8,
+                                  "rl.loss_slot_fractions": (0.25,)})
     device = device_lib.DeviceSide(train.build(cfg, pool=self.pool))
     self.assertEqual(device.rl_update_shapes(), [(2, 160)])
+    sampler_lib._sharded_prefill.cache_clear()  # another test's run may have compiled it
     with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      _wait_for(compiles, 3)
-      self.assertLen(compiles, 3)
-      for rows in (1, 3, 8):
+      _wait_for(compiles, 5)  # and the sampler's prefill
+      self.assertLen(compiles, 5)
+      for rows, loss_tokens in ((1, 3), (3, 0), (8, 60)):  # 60 > a quarter: every slot
         batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
         batch.sample_weights[:] = 1.0
+        batch.loss_mask[:, 1:1 + loss_tokens] = True
         pending = device.update(batch, rows, cfg.rl.buckets)
         device.fetch([pending])
         self.assertEqual(pending.row_slots, -(-rows // 2) * 2)
-      self.assertLen(compiles, 3)
-      self.assertEqual(device.num_traces["update"], 1)
+      self.assertLen(compiles, 5)
+      self.assertEqual(device.num_traces["update"], 2)
 
   @parameterized.parameters(({"rl.update_chunk_rows": 3},),
                             ({"rl.update_chunk_rows": -1},),

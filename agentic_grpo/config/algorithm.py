@@ -134,6 +134,13 @@ class RLSection:
       length whatever N is, and no padding rows past the last chunk's. The same update up to
       float summation order; needs `micro_batches=1` and C dividing `rows_per_update`. A
       chunk is rounded up to whole shards of the mesh's batch axes (`DeviceSide`).
+    loss_slot_fractions: `()` (off): an update computes the model's last block and output
+      head at every slot of its rows; fractions in (0, 1]: at the slots that score a loss token
+      only (`UpdateBatch.loss_slots`, `learner.loss_slots`), in the smallest of these
+      fractions of the row length (rounded up to 8 slots) that holds the row with the most
+      loss tokens of an update (or chunk, with `update_chunk_rows`); every slot when none
+      does. The same update up to float rounding; each width compiles its own program (ahead
+      with `precompile_rows`).
     temperature: sampling temperature of the behaviour policy (> 0).
     top_k: top-k sampling (0 = off).
     top_p: nucleus sampling mass, in (0, 1].
@@ -184,6 +191,7 @@ class RLSection:
   micro_batches: int = 1
   ppo_epochs: int = 1
   update_chunk_rows: int = 0
+  loss_slot_fractions: tuple[float, ...] = ()
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -278,6 +286,10 @@ class RLSection:
                  f"{path}.update_chunk_rows", f"must be 0 (off) or an int >= 1 dividing "
                  f"rl.rows_per_update ({self.rows_per_update}), with rl.micro_batches=1 "
                  f"(got {self.micro_batches})", self.update_chunk_rows)
+    checks.check(all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1
+                     for f in self.loss_slot_fractions), f"{path}.loss_slot_fractions",
+                 "must be () (off) or fractions of the row length in (0, 1]",
+                 tuple(self.loss_slot_fractions))
     checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
     checks.check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
     checks.check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)

@@ -59,6 +59,12 @@ class UpdateBatch(NamedTuple):
     positions: None, or `[N, T]` int32 rotary positions of each token in its own row.
     branches: None, or `[N, T]` int32: 0 on a tree's shared prefix, i > 0 on its suffix i (a
       tree starts at each slot of branch 0 and position 0).
+    loss_slots: None, or `[N, L]` int32, L <= T: each row's loss-token slots in increasing
+      order, then 0 (a row's first slot, never a loss token) to L
+      (`learner.with_loss_slots`). The update then computes the logits, and the model's last
+      block, at the slots that score those tokens only (`models.transformer.apply`'s
+      `query_slots`): the same loss up to float rounding, for less work where loss tokens
+      are a small share of the rows. None: every slot.
   """
   tokens: Any
   loss_mask: Any
@@ -67,6 +73,7 @@ class UpdateBatch(NamedTuple):
   sample_weights: Any
   positions: Any = None
   branches: Any = None
+  loss_slots: Any = None
 
   @property
   def packed(self) -> bool:
@@ -93,6 +100,12 @@ class UpdateBatch(NamedTuple):
     if self.branches is not None:
       _check_field("UpdateBatch", "positions", self.positions, 2, np.int32, shape)
       _check_field("UpdateBatch", "branches", self.branches, 2, np.int32, shape)
+    if self.loss_slots is not None:
+      got = tuple(self.loss_slots.shape)
+      if len(got) != 2 or got[0] != shape[0] or not 1 <= got[1] <= shape[1]:
+        raise ValueError(f"UpdateBatch.loss_slots must be [N={shape[0]}, L] with 1 <= L <= "
+                         f"T={shape[1]}, got shape {got}")
+      _check_field("UpdateBatch", "loss_slots", self.loss_slots, 2, np.int32)
     return self
 
   @classmethod

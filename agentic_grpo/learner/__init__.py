@@ -1,7 +1,8 @@
 """The learner: train state, the optimizer, and jitted, donated update steps.
 
 Modules: `state` (TrainState, optimizer, skipped-update guard), `shardings` (jit shardings on
-a mesh), `steps` (the update and warm-start steps).
+a mesh), `steps` (the update and warm-start steps), `loss_slots` (an update that scores its loss
+tokens' slots only: the host side).
 
 `update_step(state, batch, ref_params)` is one Agentic GRPO policy update. Provisional and
 correction rows are the same to it: each row carries its per-token advantage (staleness weight
@@ -48,6 +49,9 @@ Shardings are pluggable: `make_update_step` / `make_sft_step` take optional `in/
 default everything is replicated on a one-device mesh.
 """
 
+from agentic_grpo.learner.loss_slots import slot_width
+from agentic_grpo.learner.loss_slots import slot_widths
+from agentic_grpo.learner.loss_slots import with_loss_slots
 from agentic_grpo.learner.shardings import learner_shardings
 from agentic_grpo.learner.shardings import Shardings
 from agentic_grpo.learner.shardings import TreeShardings

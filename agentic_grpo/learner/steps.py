@@ -61,6 +61,22 @@ def _token_logprobs(graphdef, params, tokens, transform: core_types.SamplingTran
   return lp, logits
 
 
+def _slot_logits(graphdef, params, mb: core_types.UpdateBatch):
+  """`[N, L, V]` logits that score the tokens at `mb.loss_slots` (entry l scores
+  `tokens[n, loss_slots[n, l]]`): the model's last block and output head at their predictor
+  slots only (`core.packing.predictor_slots`; `t - 1` in an unpacked row)."""
+  if mb.branches is None:
+    positions = _positions(mb.tokens)
+    predictors = jnp.maximum(positions - 1, 0)
+  else:
+    positions = mb.positions
+    predictors = packing.predictor_slots(mb.positions, mb.branches)
+  query = jnp.take_along_axis(predictors, mb.loss_slots, axis=1)
+  logits, _ = transformer.apply(graphdef, params, mb.tokens, positions, branches=mb.branches,
+                                query_slots=query)
+  return logits
+
+
 Batch = core_types.UpdateBatch | core_types.SFTBatch
 
 
@@ -204,29 +220,42 @@ def _rl_loss_fn(graphdef, loss_cfg: sections.LossSection, num_rows: Optional[int
   use_kl = loss_cfg.kl_beta > 0
 
   def loss_fn(params, mb: core_types.UpdateBatch, ref_params):
-    mask = mb.loss_mask
-    logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform, mb.positions,
-                                       mb.branches)
+    if mb.loss_slots is None:  # every slot: `[N, T]` per-token arrays
+      mask, behaviour, advantages = mb.loss_mask, mb.behaviour_logprobs, mb.advantages
+      logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform, mb.positions,
+                                         mb.branches)
+      entropy = _aligned_entropy(logits, mask, transform)
+      kl_logprobs = lambda: (_aligned_logprobs(logits, mb.tokens, kl_transform) if filtered  # pylint: disable=g-long-lambda
+                             else logprobs)
+      ref_logprobs = lambda: _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform,  # pylint: disable=g-long-lambda
+                                             mb.positions, mb.branches)[0]
+    else:  # the loss tokens' slots only: `[N, L]` per-token arrays, the same row sums
+      at = lambda x: jnp.take_along_axis(x, mb.loss_slots, axis=1)  # pylint: disable=unnecessary-lambda-assignment
+      mask, behaviour, advantages = at(mb.loss_mask), at(mb.behaviour_logprobs), at(mb.advantages)
+      targets = at(mb.tokens)
+      logits = _slot_logits(graphdef, params, mb)
+      logprobs = logprobs_lib.token_logprobs(logits, targets, transform)
+      entropy = losses_lib.entropy(logprobs_lib.transform_logits(logits, transform), mask)
+      kl_logprobs = lambda: (logprobs_lib.token_logprobs(logits, targets, kl_transform)  # pylint: disable=g-long-lambda
+                             if filtered else logprobs)
+      ref_logprobs = lambda: logprobs_lib.token_logprobs(  # pylint: disable=g-long-lambda
+          _slot_logits(graphdef, ref_params, mb), targets, kl_transform)
     pg, metrics = losses_lib.policy_loss(
-        logprobs, mb.behaviour_logprobs, mb.advantages, mask,
+        logprobs, behaviour, advantages, mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
         aggregation=loss_cfg.aggregation, max_tokens=max_tokens,
         sample_weights=mb.sample_weights, dual_clip=loss_cfg.dual_clip, num_rows=num_rows)
     total = pg
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
-      kl_lp = _aligned_logprobs(logits, mb.tokens, kl_transform) if filtered else logprobs
-      ref_lp, _ = _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform, mb.positions,
-                                  mb.branches)
       kl = losses_lib.aggregate(
-          losses_lib.kl_penalty(kl_lp, ref_lp, estimator=loss_cfg.kl_estimator), mask,
-          loss_cfg.aggregation, max_tokens, num_rows=num_rows)
+          losses_lib.kl_penalty(kl_logprobs(), ref_logprobs(), estimator=loss_cfg.kl_estimator),
+          mask, loss_cfg.aggregation, max_tokens, num_rows=num_rows)
       total = total + loss_cfg.kl_beta * kl
     # The entropy bonus (Mnih et al., 2016; Schulman et al., 2017): aggregated like the policy
     # loss, so micro-batches combine exactly; always computed for the `entropy` metric.
-    ent = losses_lib.aggregate(_aligned_entropy(logits, mask, transform), mask,
-                               loss_cfg.aggregation, max_tokens, mb.sample_weights,
-                               num_rows=num_rows)
+    ent = losses_lib.aggregate(entropy, mask, loss_cfg.aggregation, max_tokens,
+                               mb.sample_weights, num_rows=num_rows)
     if loss_cfg.entropy_coef > 0:
       total = total - loss_cfg.entropy_coef * ent
     metrics = dict(metrics, pg_loss=pg, kl=jax.lax.stop_gradient(kl),

@@ -376,6 +376,20 @@ def _sharded_prefill(graphdef, shardings: Shardings, n: int, width: int,
                  out_shardings=(rows, shardings.cache(n, width)))
 
 
+def compile_prefill(graphdef, params, shardings: Shardings, rows: int, width: int) -> None:
+  """Compiles `sample`'s whole-prompt prefill (`shardings`'s program) for `rows` global rows
+  at prompt width `width`, ahead of its first call: lowering and compiling fills the jitted
+  program's cache, so that call runs at once (`train.device.DeviceSide.compile_rl_updates`).
+  `params`: the parameters or their `jax.ShapeDtypeStruct`s. Computes nothing.
+  """
+  row = shardings.rows(rows)
+  prompts = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=row)
+  lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row)
+  # The groups argument as `sample` passes it: `lru_cache` keys on the arguments as given.
+  _sharded_prefill(graphdef, shardings, rows, width, None).lower(params, prompts, lengths,
+                                                                 None).compile()
+
+
 @functools.lru_cache(maxsize=64)
 def _sharded_decode(graphdef, shardings: Shardings, n: int, width: int, max_new_tokens: int,
                     top_k: int, use_top_p: bool, vocab_limit: int, compact_to: int = 0):

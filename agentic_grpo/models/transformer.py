@@ -390,11 +390,18 @@ class Attention(nnx.Module):
     else:
       self.q_norm = self.k_norm = None
 
-  def __call__(self, x, positions, mask, layer_cache=None, index=None):
-    """x `[N, T, D]`; mask `[N, T, S]` bool; layer_cache (k, v) with S slots."""
+  def __call__(self, x, positions, mask, layer_cache=None, index=None, queries=None):
+    """x `[N, T, D]`; mask `[N, T, S]` bool; layer_cache (k, v) with S slots. `queries`:
+    None, or `[N, L]` int32 slots of `x`: keys and values from every slot, queries at those
+    slots only (`Transformer`'s `query_slots`); the output is then `[N, L, D]`."""
     c = self.config
     dt = c.dtype
-    q = _dense(x, self.q[...], dt)
+    x_q, q_positions = x, positions
+    if queries is not None:
+      x_q = jnp.take_along_axis(x, queries[:, :, None], axis=1)
+      q_positions = jnp.take_along_axis(positions, queries, axis=1)
+      mask = jnp.take_along_axis(mask, queries[:, :, None], axis=1)
+    q = _dense(x_q, self.q[...], dt)
     k = _dense(x, self.k[...], dt)
     v = _dense(x, self.v[...], dt)
     if self.q_bias is not None:
@@ -405,7 +412,7 @@ class Attention(nnx.Module):
       q = self.q_norm(q)
       k = self.k_norm(k)
     inv_freq = rope_frequencies(c)
-    q = apply_rope(q, positions, inv_freq)
+    q = apply_rope(q, q_positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
     # Keys and values are kept heads-major, [N, K, S, Dh], so that attention
     # over a long cache needs no transpose of the cache at each decode step.
@@ -423,7 +430,12 @@ class Attention(nnx.Module):
     # XLA's fast layout (several times faster on CPU than transposing inside).
     q = q.reshape(n, t, kv, g, dh).transpose(0, 2, 3, 1, 4)
     chunk = c.query_chunk(t) if layer_cache is None else t
-    if chunk < t and 0 < c.causal_block < t:
+    if queries is not None:
+      # Queries at chosen slots: no causal order among them, so no causal blocks; chunked over
+      # the keys' full width when there are many.
+      out = (_chunked_attention(q, k, v, mask, chunk, dt) if chunk < t
+             else _attention(q, k, v, mask, dt))
+    elif chunk < t and 0 < c.causal_block < t:
       # Chunks of queries, each against the keys up to its last slot (about half the work of
       # whole chunks), each recomputed in the backward pass.
       out = _causal_block_attention(q, k, v, mask, chunk, dt, remat=True)
@@ -466,12 +478,17 @@ class Block(nnx.Module):
     self.mlp = MLP(config, rngs=rngs)
 
   def __call__(self, x, positions, mask, layer_cache=None, index=None, keep=None):
-    """`keep`: None, or `[N]` int32 slots; the output is then `[N, 1, D]` at those slots only
-    (the MLP runs on them alone; the cache still gets every slot's keys and values)."""
+    """`keep`: None; `[N, L]` int32 slots, the output then `[N, L, D]` at those slots only,
+    whose queries alone the attention computes and the MLP runs on; or `[N]`, one slot per
+    row (`[N, 1, D]`). The cache still gets every slot's keys and values."""
+    if keep is not None:
+      keep = keep[:, None] if keep.ndim == 1 else keep
+      h, new_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, index,
+                               queries=keep)
+      x = jnp.take_along_axis(x, keep[:, :, None], axis=1) + h
+      return x + self.mlp(self.mlp_norm(x)), new_cache
     h, new_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, index)
     x = x + h
-    if keep is not None:
-      x = jnp.take_along_axis(x, keep[:, None, None], axis=1)
     x = x + self.mlp(self.mlp_norm(x))
     return x, new_cache
 
@@ -493,7 +510,7 @@ class Transformer(nnx.Module):
                             ("embed", "vocab"), c.param_dtype)
 
   def __call__(self, tokens, positions, cache: Optional[KVCache] = None, segment_mask=None,
-               logits_at=None, branches=None):
+               logits_at=None, branches=None, query_slots=None):
     c = self.config
     n, t = tokens.shape
     if segment_mask is None:
@@ -527,7 +544,8 @@ class Transformer(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      keep = logits_at if i == len(self.layers) - 1 else None
+      last = i == len(self.layers) - 1
+      keep = (logits_at if query_slots is None else query_slots) if last else None
       x, layer_new = block(x, positions, mask, layer_cache, index, keep)
       if layer_new is not None:
         new_k.append(layer_new[0])
@@ -610,6 +628,7 @@ def apply(
     segment_mask: Optional[jax.Array] = None,
     logits_at: Optional[jax.Array] = None,
     branches: Optional[jax.Array] = None,
+    query_slots: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, Optional[KVCache]]:
   """Forward pass; pure, to be used under `jax.jit`.
 
@@ -628,22 +647,31 @@ def apply(
       never attended to. Defaults to all True.
     logits_at: optional `[N]` int32, one token index in `[0, T)` per row: only
       that token's logits are computed (a prefill needs the last prompt
-      token's), and the last block's MLP runs on those tokens alone. The
-      cache is filled as without it.
+      token's), and the last block computes its query, attention output and
+      MLP at that token alone (as `query_slots` with L = 1). The cache is
+      filled as without it.
     branches: optional `[N, T]` int32 of a packed row (shared-prefix packing, no cache;
       `core.packing`): 0 on a tree's shared prefix, i > 0 on its suffix i, a tree starting
       at each slot of branch 0 and position 0; a query then attends only to keys at or before
       its slot, in its tree, whose branch is 0 or its own, with `positions` continuing from
       the prefix in each suffix. None (default): the plain causal mask.
+    query_slots: optional `[N, L]` int32 slots in `[0, T)` (repeats allowed): only those
+      slots' logits are computed, and the last block computes its queries, attention output
+      and MLP at those slots alone (every slot still gives its keys and values, so each
+      logit is the full forward's up to float rounding). An update whose loss reads few
+      slots of long rows (`learner`'s `loss_slots`) skips most of its last block and of the
+      output head. Not with `logits_at`.
 
   Returns:
-    `(logits [N, T, V] float32, new_cache)` (`[N, 1, V]` with `logits_at`);
+    `(logits [N, T, V] float32, new_cache)` (`[N, 1, V]` with `logits_at`, `[N, L, V]` with
+    `query_slots`);
     `new_cache` is None without a cache. Logits at padded query slots are
     finite but meaningless.
 
   Raises:
     ValueError: on rank or shape mismatch of `tokens`, `positions`,
-      `segment_mask`, `logits_at`, `branches`, a cache whose batch differs from
+      `segment_mask`, `logits_at`, `branches`, `query_slots` (or both of the last and
+      `logits_at`), a cache whose batch differs from
       `tokens` or whose `index` is neither a scalar nor `[N]`, or `branches` with a cache.
   """
   _check_tokens(tokens, positions, segment_mask, branches)
@@ -658,11 +686,17 @@ def apply(
   if logits_at is not None and tuple(logits_at.shape) != tokens.shape[:1]:
     raise ValueError(f"logits_at must be [N={tokens.shape[0]}], got shape "
                      f"{tuple(logits_at.shape)}")
+  if query_slots is not None and (logits_at is not None or query_slots.ndim != 2
+                                  or query_slots.shape[0] != tokens.shape[0]):
+    raise ValueError(f"query_slots must be [N={tokens.shape[0]}, L] and not given with "
+                     f"logits_at, got shape {tuple(query_slots.shape)}"
+                     f"{' and logits_at' if logits_at is not None else ''}")
   model = nnx.merge(graphdef, params)
   return model(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache=cache,
                segment_mask=None if segment_mask is None else segment_mask.astype(jnp.bool_),
                logits_at=None if logits_at is None else logits_at.astype(jnp.int32),
-               branches=None if branches is None else branches.astype(jnp.int32))
+               branches=None if branches is None else branches.astype(jnp.int32),
+               query_slots=None if query_slots is None else query_slots.astype(jnp.int32))
 
 
 def sequence_logprobs(

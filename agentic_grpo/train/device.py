@@ -272,9 +272,11 @@ class DeviceSide:
     return [(int(r) * n, int(t)) for r in counts for t in lengths]
 
   def compile_rl_updates(self) -> None:
-    """Starts compiling the RL update step for `rl_update_shapes()` in a background thread
-    (ahead-of-time lowering: `jax.jit(...).lower(...).compile()` fills the step's cache, so
-    that the RL phase's first update of each shape runs at once). Called when the
+    """Starts compiling the RL update step for `rl_update_shapes()` (with
+    `rl.loss_slot_fractions`, at each loss-slot width too), then the sampler's whole-prompt
+    prefill for a training stage's rows (`sampling.compile_rl_prefills`), in a background
+    thread (ahead-of-time lowering: `jax.jit(...).lower(...).compile()` fills the program's
+    cache, so that the RL phase's first call of each shape runs at once). Called when the
     warm-start's last evaluation starts, whose decode steps leave a core to spare; the RL
     phase's first `update` waits for it (the RL phase's first samples overlap it too).
     Compiling changes nothing a step computes. No-op without shapes or when already started.
@@ -299,12 +301,25 @@ class DeviceSide:
                          jax.eval_shape(lambda p: p, self._state.params), sh.ref_params)
     packed = packs_prefixes(self._cfg)
 
-    def abstract_batch(rows, length):
+    fractions = self._cfg.rl.loss_slot_fractions
+
+    def abstract_batches(rows, length):
+      """The update batches of this shape: every slot scored, and each loss-slot width."""
       host = core_types.UpdateBatch.padding(rows, length, packed=packed)
-      return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype, sharding=parallel.batch_sharding(mesh, x.shape, rules)), host)
+      for width in (0,) + learner.slot_widths(length, fractions):
+        b = host if not width else host._replace(loss_slots=np.zeros((rows, width), np.int32))
+        yield jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=parallel.batch_sharding(mesh, x.shape, rules)), b)
 
     def work():
+      update_work()
+      try:  # then the RL sampler's whole-prompt prefills
+        sampling.compile_rl_prefills(self._comp, state.params)
+      except Exception as e:  # pylint: disable=broad-except (they compile when used)
+        logging.warning("compiling the RL sampler's prefill ahead failed (it compiles when "
+                        "first used): %s", e)
+
+    def update_work():
       if chunked is not None:  # `learner.make_chunked_update`'s three programs
         try:
           params = state.params
@@ -313,8 +328,8 @@ class DeviceSide:
                              lowered.out_info, lowered.compile().output_shardings)
           weight = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=acc[1].sharding)
           for rows, length in shapes:
-            chunked.grad.lower(params, acc, abstract_batch(rows, length), ref,
-                               weight).compile()
+            for batch in abstract_batches(rows, length):
+              chunked.grad.lower(params, acc, batch, ref, weight).compile()
           chunked.apply.lower(state, acc).compile()
         except Exception as e:  # pylint: disable=broad-except (they compile when used)
           logging.warning("compiling the chunked RL update ahead failed (it compiles when "
@@ -322,7 +337,8 @@ class DeviceSide:
         return
       for rows, length in shapes:
         try:
-          step.lower(state, abstract_batch(rows, length), ref).compile()
+          for batch in abstract_batches(rows, length):
+            step.lower(state, batch, ref).compile()
         except Exception as e:  # pylint: disable=broad-except (the step compiles when used)
           logging.warning("compiling the RL update for [%d, %d] ahead failed (it compiles "
                           "when first used): %s", rows, length, e)
@@ -387,9 +403,10 @@ class DeviceSide:
     if self._chunk_rows:
       return self._chunked_update(batch if batch is not None
                                   else core_types.UpdateBatch.padding(rows, buckets[0]))
+    batch = batch if batch is not None else core_types.UpdateBatch.padding(rows, buckets[0])
+    batch = self._loss_slots([batch])[0]
     with jax.transfer_guard(self._transfer_guard):
-      placed = self._put(batch if batch is not None
-                         else core_types.UpdateBatch.padding(rows, buckets[0]))
+      placed = self._put(batch)
       for _ in range(self._cfg.rl.ppo_epochs):  # GRPO's μ passes over the same rows
         self._state, metrics = self._update_step(self._state, placed, self._ref)
     return Pending(metrics, int(placed.loss_mask.size))
@@ -411,6 +428,7 @@ class DeviceSide:
       combine = lambda d: np.sum(coord.gather(d.tolist()), axis=0)  # pylint: disable=unnecessary-lambda-assignment
     host_chunks = learner.split_chunks(batch, c, k)
     mask = np.concatenate([chunk.loss_mask for chunk in host_chunks])
+    host_chunks = self._loss_slots(host_chunks)
     weights = np.stack([learner.chunk_weights(mask, mode, c, combine)
                         for mode in (cfg.loss.aggregation, "token_mean")], axis=1)
     scalar = jax.sharding.NamedSharding(self._comp.mesh, jax.sharding.PartitionSpec())
@@ -423,6 +441,23 @@ class DeviceSide:
           acc = chunked.grad(self._state.params, acc, chunk, self._ref, w)
         self._state, metrics = chunked.apply(self._state, acc)
     return Pending(metrics, sum(int(chunk.loss_mask.size) for chunk in chunks), k * c)
+
+  def _loss_slots(self, batches: list[core_types.UpdateBatch]) -> list[core_types.UpdateBatch]:
+    """`batches` (this process's chunks, or its one batch) with `rl.loss_slot_fractions`'
+    loss slots (`learner.with_loss_slots`): each at the smallest width that holds its rows'
+    loss tokens, and with several processes the widest any process's same chunk needs (they
+    run one program). Unchanged when the option is off."""
+    fractions = self._cfg.rl.loss_slot_fractions
+    if not fractions:
+      return batches
+    length = batches[0].tokens.shape[1]
+    # Every slot scored (width 0) is the widest: compared as the row length.
+    widths = [learner.slot_width(b.loss_mask, fractions) or length for b in batches]
+    coord = self._comp.coord
+    if coord.process_count > 1:
+      widths = [int(w) for w in np.max(np.asarray(coord.gather(widths)), axis=0)]
+    return [learner.with_loss_slots(b, 0 if w >= length else w)
+            for b, w in zip(batches, widths, strict=True)]
 
   def _packed_share(self, batch: Optional[core_types.UpdateBatch], rows: int,
                     buckets: Sequence[int]) -> core_types.UpdateBatch:

@@ -32,6 +32,22 @@ def vocab_limit(comp) -> int:
   return sampling_rules.sampleable_vocab(comp.tokenizer, comp.model_config.vocab_size)
 
 
+def compile_rl_prefills(comp, params) -> None:
+  """Compiles the static sampler's whole-prompt prefill for a training stage's rows (every
+  process's `rl.tasks_per_batch * rl.group_size`) at each of `rl.buckets`, ahead of the RL
+  phase's first call of each (`models.sampler.compile_prefill`): the warm-start's evaluation
+  compiles its own rows' programs, which need not include those (a stage whose prompts share
+  little prefills them whole). No-op with `rl.sampler='continuous'` or a prefix pool (their own
+  programs). `params`: the parameters or their `jax.ShapeDtypeStruct`s."""
+  cfg = comp.cfg
+  if cfg.rl.sampler != "static" or cfg.rl.reuse_prefix != "never":
+    return
+  shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
+  rows = cfg.rl.tasks_per_batch * cfg.rl.group_size * comp.coord.process_count
+  for width in cfg.rl.buckets:
+    sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, int(width))
+
+
 def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
                    transfer_guard: str = "allow"):
   """The agent loop's `sample_fn`: the KV-cache sampler with the run's sampling transform.
