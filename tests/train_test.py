@@ -470,28 +470,36 @@ class TrainTest(parameterized.TestCase):
     with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      # The background thread's: the two update steps, then the sampler's whole-prompt
-      # prefill of a training stage's 2 rows at the one prompt bucket.
-      _wait_for(compiles, 3)
-      self.assertLen(compiles, 3)
+      # The background threads': the two update steps, then the sampler's prefills of a
+      # training stage's 2 rows at the one prompt bucket, whole and shared-prefix.
+      _wait_for(compiles, 4)
+      self.assertLen(compiles, 4)
       traces = device.num_traces["update"]  # the step is cached: other tests may have traced it
       for rows in (1, 2):
         batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
         device.fetch([device.update(batch, rows, cfg.rl.buckets)])
-      self.assertLen(compiles, 3)  # no new compilation: both ran the programs compiled ahead
+      self.assertLen(compiles, 4)  # no new compilation: both ran the programs compiled ahead
       self.assertEqual(device.num_traces["update"], traces)
       device.fetch([device.update(core_types.UpdateBatch.padding(4, 160, packed=True), 4,
                                   cfg.rl.buckets)])
-      self.assertLen(compiles, 4)  # a shape not named compiles on first use
-    # The sampler's first call with a training stage's rows prefilled whole (no shared
-    # prefix) takes the program compiled ahead (its compiled cache: placement_test).
+      self.assertLen(compiles, 5)  # a shape not named compiles on first use
+    self.assertEqual(sampler_lib._sharded_prefill.cache_info().currsize, 2)
+    # The sampler's first calls with a training stage's rows, prefilled whole (no shared
+    # prefix) and in two parts (a long one), take the programs compiled ahead (their
+    # compiled cache: placement_test).
     fn = train.make_sample_fn(comp, 0)
     prompts = np.random.RandomState(0).randint(3, 200, (2, 100)).astype(np.int32)
-    hits = sampler_lib._sharded_prefill.cache_info().hits
-    tokens, _, _ = fn(device.policy, prompts, np.array([100, 90], np.int32), 1, False)
-    self.assertEqual(sampler_lib._sharded_prefill.cache_info().hits, hits + 1)
-    self.assertEqual(sampler_lib._sharded_prefill.cache_info().currsize, 1)
-    self.assertLen(tokens, 2)
+    for shared in (False, True):
+      if shared:
+        prompts[1, :90] = prompts[0, :90]
+      cached = sampler_lib._sharded_prefill
+      hits = cached.cache_info().hits
+      with mock.patch.object(sampler_lib, "_sharded_prefill", wraps=cached) as spy:
+        tokens, _, _ = fn(device.policy, prompts, np.array([100, 96], np.int32), 1, False)
+      self.assertEqual(spy.call_args.args[4], 1 if shared else None)  # the groups
+      self.assertEqual(cached.cache_info().hits, hits + 1)
+      self.assertEqual(cached.cache_info().currsize, 2)
+      self.assertLen(tokens, 2)
 
   def test_ppo_epochs_take_that_many_optimizer_steps_on_the_same_rows(self):
     # GRPO's μ iterations: an update of rl.ppo_epochs=2 equals two updates of 1 on its rows
@@ -581,8 +589,8 @@ class TrainTest(parameterized.TestCase):
     with _counting_compiles() as compiles:
       device.compile_rl_updates()
       device.start_rl()
-      _wait_for(compiles, 5)  # and the sampler's prefill
-      self.assertLen(compiles, 5)
+      _wait_for(compiles, 6)  # and the sampler's two prefills
+      self.assertLen(compiles, 6)
       for rows, loss_tokens in ((1, 3), (3, 0), (8, 60)):  # 60 > a quarter: every slot
         batch = core_types.UpdateBatch.padding(rows, 160, packed=True)
         batch.sample_weights[:] = 1.0
@@ -590,7 +598,7 @@ class TrainTest(parameterized.TestCase):
         pending = device.update(batch, rows, cfg.rl.buckets)
         device.fetch([pending])
         self.assertEqual(pending.row_slots, -(-rows // 2) * 2)
-      self.assertLen(compiles, 5)
+      self.assertLen(compiles, 6)
       self.assertEqual(device.num_traces["update"], 2)
 
   @parameterized.parameters(({"rl.update_chunk_rows": 3},),

@@ -376,18 +376,34 @@ def _sharded_prefill(graphdef, shardings: Shardings, n: int, width: int,
                  out_shardings=(rows, shardings.cache(n, width)))
 
 
-def compile_prefill(graphdef, params, shardings: Shardings, rows: int, width: int) -> None:
-  """Compiles `sample`'s whole-prompt prefill (`shardings`'s program) for `rows` global rows
-  at prompt width `width`, ahead of its first call: lowering and compiling fills the jitted
-  program's cache, so that call runs at once (`train.device.DeviceSide.compile_rl_updates`).
-  `params`: the parameters or their `jax.ShapeDtypeStruct`s. Computes nothing.
+def compile_prefill(graphdef, params, shardings: Shardings, rows: int, width: int,
+                    group: int = 1, prefix_width: int = 0) -> None:
+  """Compiles `sample`'s prefill (`shardings`'s program) for `rows` global rows at prompt
+  width `width`, ahead of its first call: lowering and compiling fills the jitted program's
+  cache, so that the call runs at once (`train.sampling.compile_rl_prefills`). `group` > 1
+  and `prefix_width`: the shared-prefix prefill of groups of `group` rows whose prefixes are
+  padded to `prefix_width` (`shared_prefill.split_shared_prefixes`' `Pa`); else the
+  whole-prompt one. `params`: the parameters or their `jax.ShapeDtypeStruct`s. Computes
+  nothing.
+
+  Raises:
+    ValueError: `group` > 1 not dividing `rows`, or without a `prefix_width` in [1, width].
   """
   row = shardings.rows(rows)
   prompts = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=row)
   lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row)
-  # The groups argument as `sample` passes it: `lru_cache` keys on the arguments as given.
-  _sharded_prefill(graphdef, shardings, rows, width, None).lower(params, prompts, lengths,
-                                                                 None).compile()
+  groups, shared = None, None
+  if group > 1:
+    if rows % group or not 1 <= prefix_width <= width:
+      raise ValueError(f"a shared-prefix prefill needs group ({group}) dividing rows ({rows}) "
+                       f"and prefix_width in [1, {width}], got {prefix_width}")
+    groups = rows // group
+    g = shardings.rows(groups)
+    shared = (jax.ShapeDtypeStruct((groups, prefix_width), jnp.int32, sharding=g),
+              jax.ShapeDtypeStruct((groups,), jnp.int32, sharding=g))
+  # Every argument as `sample` passes it: `lru_cache` keys on the arguments as given.
+  _sharded_prefill(graphdef, shardings, rows, width, groups).lower(params, prompts, lengths,
+                                                                   shared).compile()
 
 
 @functools.lru_cache(maxsize=64)

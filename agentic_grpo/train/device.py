@@ -273,12 +273,13 @@ class DeviceSide:
 
   def compile_rl_updates(self) -> None:
     """Starts compiling the RL update step for `rl_update_shapes()` (with
-    `rl.loss_slot_fractions`, at each loss-slot width too), then the sampler's whole-prompt
-    prefill for a training stage's rows (`sampling.compile_rl_prefills`), in a background
-    thread (ahead-of-time lowering: `jax.jit(...).lower(...).compile()` fills the program's
+    `rl.loss_slot_fractions`, at each loss-slot width too) in a background thread, then the
+    sampler's prefills for a training stage's rows (`sampling.compile_rl_prefills`) in
+    another (ahead-of-time lowering: `jax.jit(...).lower(...).compile()` fills the program's
     cache, so that the RL phase's first call of each shape runs at once). Called when the
     warm-start's last evaluation starts, whose decode steps leave a core to spare; the RL
-    phase's first `update` waits for it (the RL phase's first samples overlap it too).
+    phase's first `update` waits for the update programs (the RL phase's first samples
+    overlap them too), no call waits for the prefills.
     Compiling changes nothing a step computes. No-op without shapes or when already started.
     """
     shapes = self.rl_update_shapes()
@@ -311,13 +312,18 @@ class DeviceSide:
         yield jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=parallel.batch_sharding(mesh, x.shape, rules)), b)
 
-    def work():
-      update_work()
-      try:  # then the RL sampler's whole-prompt prefills
+    def prefill_work():
+      try:
         sampling.compile_rl_prefills(self._comp, state.params)
       except Exception as e:  # pylint: disable=broad-except (they compile when used)
-        logging.warning("compiling the RL sampler's prefill ahead failed (it compiles when "
+        logging.warning("compiling the RL sampler's prefills ahead failed (they compile when "
                         "first used): %s", e)
+
+    def work():
+      update_work()
+      # Then the sampler's prefills, in a thread of their own that no update waits for (the
+      # RL phase's later stages use them first). Not a daemon, as below.
+      threading.Thread(target=prefill_work, name="compile_rl_prefills", daemon=False).start()
 
     def update_work():
       if chunked is not None:  # `learner.make_chunked_update`'s three programs

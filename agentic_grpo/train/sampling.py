@@ -33,19 +33,23 @@ def vocab_limit(comp) -> int:
 
 
 def compile_rl_prefills(comp, params) -> None:
-  """Compiles the static sampler's whole-prompt prefill for a training stage's rows (every
-  process's `rl.tasks_per_batch * rl.group_size`) at each of `rl.buckets`, ahead of the RL
-  phase's first call of each (`models.sampler.compile_prefill`): the warm-start's evaluation
-  compiles its own rows' programs, which need not include those (a stage whose prompts share
-  little prefills them whole). No-op with `rl.sampler='continuous'` or a prefix pool (their own
-  programs). `params`: the parameters or their `jax.ShapeDtypeStruct`s."""
+  """Compiles the static sampler's prefills for a training stage's rows (every process's
+  `rl.tasks_per_batch * rl.group_size`) at each of `rl.buckets`, ahead of the RL phase's first
+  call of each (`models.sampler.compile_prefill`): the whole-prompt one and, with
+  `rl.shared_prefill` in one process, the shared-prefix one for each prefix bucket up to the
+  prompt's. The warm-start's evaluation compiles its own calls' programs, which need not be
+  these (a later stage's longer prompts). No-op with `rl.sampler='continuous'` or a prefix pool
+  (their own programs). `params`: the parameters or their `jax.ShapeDtypeStruct`s."""
   cfg = comp.cfg
   if cfg.rl.sampler != "static" or cfg.rl.reuse_prefix != "never":
     return
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
+  group = cfg.rl.group_size if cfg.rl.shared_prefill and comp.coord.process_count == 1 else 1
   rows = cfg.rl.tasks_per_batch * cfg.rl.group_size * comp.coord.process_count
-  for width in cfg.rl.buckets:
-    sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, int(width))
+  for width in map(int, cfg.rl.buckets):
+    sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width)
+    for prefix in (int(b) for b in cfg.rl.buckets if b <= width and group > 1):
+      sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width, group, prefix)
 
 
 def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
