@@ -100,6 +100,10 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.rl.buckets = (256, 448)
     c.rl.packed_buckets = (512,)  # one packed row length (the default task's reason)
     c.rl.update_chunk_rows = 4  # updates of 1-64 packed rows: chunks of 4
+    # About 24 loss tokens in a packed row of 512 slots: the last block and the output head at
+    # those slots only (a quarter of the row's when they fit), the same update up to float
+    # rounding (docs/benchmarks.md, "Loss slots").
+    c.rl.loss_slot_fractions = (0.25,)
     c.warmstart.seq_len = 448
     c.warmstart.steps = 300
     # A smaller RL step than the default task's 1e-4: a first full-budget seed at 1e-4 lost

@@ -225,21 +225,25 @@ def _rl_loss_fn(graphdef, loss_cfg: sections.LossSection, num_rows: Optional[int
       logprobs, logits = _token_logprobs(graphdef, params, mb.tokens, transform, mb.positions,
                                          mb.branches)
       entropy = _aligned_entropy(logits, mask, transform)
-      kl_logprobs = lambda: (_aligned_logprobs(logits, mb.tokens, kl_transform) if filtered  # pylint: disable=g-long-lambda
-                             else logprobs)
-      ref_logprobs = lambda: _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform,  # pylint: disable=g-long-lambda
-                                             mb.positions, mb.branches)[0]
+
+      def kl_logprobs():  # the policy's and the reference's, under the KL term's transform
+        policy = _aligned_logprobs(logits, mb.tokens, kl_transform) if filtered else logprobs
+        return policy, _token_logprobs(graphdef, ref_params, mb.tokens, kl_transform,
+                                       mb.positions, mb.branches)[0]
     else:  # the loss tokens' slots only: `[N, L]` per-token arrays, the same row sums
-      at = lambda x: jnp.take_along_axis(x, mb.loss_slots, axis=1)  # pylint: disable=unnecessary-lambda-assignment
-      mask, behaviour, advantages = at(mb.loss_mask), at(mb.behaviour_logprobs), at(mb.advantages)
-      targets = at(mb.tokens)
+      slots = mb.loss_slots
+      mask, behaviour, advantages, targets = (
+          jnp.take_along_axis(x, slots, axis=1)
+          for x in (mb.loss_mask, mb.behaviour_logprobs, mb.advantages, mb.tokens))
       logits = _slot_logits(graphdef, params, mb)
       logprobs = logprobs_lib.token_logprobs(logits, targets, transform)
       entropy = losses_lib.entropy(logprobs_lib.transform_logits(logits, transform), mask)
-      kl_logprobs = lambda: (logprobs_lib.token_logprobs(logits, targets, kl_transform)  # pylint: disable=g-long-lambda
-                             if filtered else logprobs)
-      ref_logprobs = lambda: logprobs_lib.token_logprobs(  # pylint: disable=g-long-lambda
-          _slot_logits(graphdef, ref_params, mb), targets, kl_transform)
+
+      def kl_logprobs():
+        policy = (logprobs_lib.token_logprobs(logits, targets, kl_transform) if filtered
+                  else logprobs)
+        ref = _slot_logits(graphdef, ref_params, mb)
+        return policy, logprobs_lib.token_logprobs(ref, targets, kl_transform)
     pg, metrics = losses_lib.policy_loss(
         logprobs, behaviour, advantages, mask,
         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, ratio_level=loss_cfg.ratio_level,
@@ -249,7 +253,7 @@ def _rl_loss_fn(graphdef, loss_cfg: sections.LossSection, num_rows: Optional[int
     kl = jnp.zeros((), jnp.float32)
     if use_kl:
       kl = losses_lib.aggregate(
-          losses_lib.kl_penalty(kl_logprobs(), ref_logprobs(), estimator=loss_cfg.kl_estimator),
+          losses_lib.kl_penalty(*kl_logprobs(), estimator=loss_cfg.kl_estimator),
           mask, loss_cfg.aggregation, max_tokens, num_rows=num_rows)
       total = total + loss_cfg.kl_beta * kl
     # The entropy bonus (Mnih et al., 2016; Schulman et al., 2017): aggregated like the policy
