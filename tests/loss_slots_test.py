@@ -189,7 +189,7 @@ class UpdateTest(parameterized.TestCase):
     state = learner.init_state(jax.tree.map(jnp.copy, params), opt, 0)
     acc = chunked.init(state.params)
     widths = []
-    for chunk, w in zip(chunks, weights):
+    for chunk, w in zip(chunks, weights, strict=True):
       width = learner.slot_width(chunk.loss_mask, (0.25, 0.5))
       widths.append(width)
       acc = chunked.grad(state.params, acc, learner.with_loss_slots(chunk, width), None, w)
