@@ -99,7 +99,9 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.loss.max_tokens = 32
     c.rl.buckets = (256, 448)
     c.rl.packed_buckets = (512,)  # one packed row length (the default task's reason)
-    c.rl.update_chunk_rows = 4  # updates of 1-64 packed rows: chunks of 4
+    # Updates of 1-64 packed rows: chunks of 2 (4 before: 5.5% more token slots of padding in
+    # the benchmark's 30 updates, docs/benchmarks.md, "Loss slots").
+    c.rl.update_chunk_rows = 2
     # About 24 loss tokens in a packed row of 512 slots: the last block and the output head at
     # those slots only (a quarter of the row's when they fit), the same update up to float
     # rounding (docs/benchmarks.md, "Loss slots").
