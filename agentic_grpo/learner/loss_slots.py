@@ -9,10 +9,10 @@ block's queries, attention output and MLP, and the logits, at the slots that sco
 only (`models.transformer.apply`'s `query_slots`): the same loss and gradient up to float
 rounding.
 
-`with_loss_slots` picks, for a batch (or a chunk of `learner.make_chunked_update`), the smallest
-of a few widths `L` (fractions of the row length, `rl.loss_slot_fractions`) that holds its row
+`slot_width` picks, for a batch (or a chunk of `learner.make_chunked_update`), the smallest of
+a few widths `L` (fractions of the row length, `rl.loss_slot_fractions`) that holds its row
 with the most loss tokens, so that each row length compiles a few gradient programs, not one
-per count.
+per count; `with_loss_slots` lays the batch's loss-token slots out at that width.
 """
 
 from typing import Sequence

@@ -32,6 +32,15 @@ def vocab_limit(comp) -> int:
   return sampling_rules.sampleable_vocab(comp.tokenizer, comp.model_config.vocab_size)
 
 
+def _prefix_group(comp) -> int:
+  """The rows of a group whose shared prompt prefix the static sampler prefills once
+  (`rl.shared_prefill`: `rl.group_size`), or 1 (off, the continuous sampler, or several
+  processes: their prompt bucket is agreed, so a part cannot take its own smallest bucket)."""
+  rl = comp.cfg.rl
+  return (rl.group_size if rl.shared_prefill and rl.sampler == "static"
+          and comp.coord.process_count == 1 else 1)
+
+
 def compile_rl_prefills(comp, params) -> None:
   """Compiles the static sampler's prefills for a training stage's rows (every process's
   `rl.tasks_per_batch * rl.group_size`) at each of `rl.buckets`, ahead of the RL phase's first
@@ -44,7 +53,7 @@ def compile_rl_prefills(comp, params) -> None:
   if cfg.rl.sampler != "static" or cfg.rl.reuse_prefix != "never":
     return
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
-  group = cfg.rl.group_size if cfg.rl.shared_prefill and comp.coord.process_count == 1 else 1
+  group = _prefix_group(comp)
   rows = cfg.rl.tasks_per_batch * cfg.rl.group_size * comp.coord.process_count
   for width in map(int, cfg.rl.buckets):
     sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width)
@@ -117,10 +126,7 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
   pool = (prefix_cache.PrefixCache(cfg.rl.prefix_cache_mb << 20) if reuse != "never"
           else None)
-  # The static sampler's shared-prefix prefill (`rl.shared_prefill`): one process, whose own
-  # prompt bucket needs no agreement, so each part gets the smallest of `rl.buckets`.
-  group = (cfg.rl.group_size if cfg.rl.shared_prefill and not continuous
-           and comp.coord.process_count == 1 else 1)
+  group = _prefix_group(comp)
 
   def sample_fn(params, prompts, lengths, counter, greedy, *, prefix_keys=None,
                 save_keys=None, params_version=None):
