@@ -106,6 +106,9 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     # those slots only (a quarter of the row's when they fit), the same update up to float
     # rounding (docs/benchmarks.md, "Loss slots").
     c.rl.loss_slot_fractions = (0.25,)
+    # The attention's backward written out (`models.attention`): the same forward, gradients
+    # up to float rounding, an update step about 10% faster (docs/benchmarks.md).
+    c.model.attention_backward = "explicit"
     c.warmstart.seq_len = 448
     c.warmstart.steps = 300
     # A smaller RL step than the default task's 1e-4: a first full-budget seed at 1e-4 lost

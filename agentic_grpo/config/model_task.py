@@ -2,8 +2,10 @@
 
 import dataclasses
 import math
+from typing import Any
 
 from agentic_grpo import field_checks as checks
+from agentic_grpo.models import attention
 from agentic_grpo.models import sources as model_sources
 from agentic_grpo.tasks import sources as task_sources
 from agentic_grpo.tasks import stdio_problems
@@ -41,6 +43,11 @@ class ModelSection:
       (`models.transformer.ModelConfig.causal_block`: each block scores only the keys up to its
       own last slot; the same logits up to float rounding). 0 = the model config's default
       (128); `max_seq_len` or more = off. Any model source.
+    attention_backward: how the attention's gradient is computed
+      (`models.transformer.ModelConfig.attention_backward`): 'autodiff', or 'explicit' (a
+      custom VJP, `models.attention`: the same forward, gradients equal up to float rounding,
+      an update step about 10% faster on CPU). '' = the model config's default ('autodiff').
+      Any model source.
   """
   source: str = "preset"
   path: str = ""
@@ -55,10 +62,13 @@ class ModelSection:
   max_seq_len: int = 0
   attention_chunk: int = 0
   causal_block: int = 0
+  attention_backward: str = ""
 
   def validate(self, path: str) -> None:
     checks.choice(f"{path}.source", self.source, model_sources.MODEL_SOURCES.names())
     checks.choice(f"{path}.param_dtype", self.param_dtype, ("", "float32", "bfloat16", "float16"))
+    checks.choice(f"{path}.attention_backward", self.attention_backward,
+                  ("",) + attention.BACKWARDS)
     for f in dataclasses.fields(self):
       if f.type is int:
         checks.check(getattr(self, f.name) >= 0, f"{path}.{f.name}", "must be >= 0 (0 = preset)",
@@ -67,15 +77,20 @@ class ModelSection:
       checks.check(bool(self.path), f"{path}.path", "must name a checkpoint with source='hf'",
                    self.path)
       for name, value in self.overrides().items():
-        checks.check(name in ("max_seq_len", "attention_chunk", "causal_block"),
+        checks.check(name in ("max_seq_len", "attention_chunk", "causal_block",
+                             "attention_backward"),
                      f"{path}.{name}", "must be 0 with source='hf' (the shape is the checkpoint's)", value)
     else:
       checks.check(not self.path, f"{path}.path", "must be empty with source='preset'", self.path)
 
-  def overrides(self) -> dict[str, int]:
-    """The non-zero shape overrides, as `ModelConfig` keyword arguments."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-            if f.type is int and getattr(self, f.name)}
+  def overrides(self) -> dict[str, Any]:
+    """The non-zero shape overrides and a set `attention_backward`, as `ModelConfig` keyword
+    arguments."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.type is int and getattr(self, f.name)}
+    if self.attention_backward:
+      out["attention_backward"] = self.attention_backward
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

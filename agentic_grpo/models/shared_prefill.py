@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_grpo.models import attention
 from agentic_grpo.models import sampling_rules
 from agentic_grpo.models import transformer
 
@@ -97,8 +98,8 @@ def split_shared_prefixes(prompts: np.ndarray, prompt_lengths: np.ndarray, group
 def causal_pairs(width: int, causal_block: int) -> int:
   """Query-key pairs a row's prefill of `width` slots scores from slot 0: the blocks of
   `causal_block` queries against the keys up to their own last slot when the transformer
-  takes that path (`transformer.scores_causal_blocks`), else all `width ** 2`."""
-  if not transformer.scores_causal_blocks(width, causal_block):
+  takes that path (`attention.scores_causal_blocks`), else all `width ** 2`."""
+  if not attention.scores_causal_blocks(width, causal_block):
     return width * width
   return sum((min(s + causal_block, width) - s) * min(s + causal_block, width)
              for s in range(0, width, causal_block))

@@ -161,7 +161,7 @@ def _open_hf(section: Any, *, dtype: Optional[str], min_seq_len: int,
         f"max_position_embeddings={trained} ({os.path.join(local, 'config.json')}): the model "
         f"holds no positions past it; set --config.model.max_seq_len to at most {trained} (0: "
         f"the checkpoint's) and keep rl.buckets[-1] + workflow.max_new_tokens within it")
-  if overrides:  # max_seq_len, attention_chunk, causal_block (`ModelSection.validate`)
+  if overrides:  # max_seq_len, attention_chunk, causal_block, attention_backward
     checkpoint = dataclasses.replace(checkpoint, config=dataclasses.replace(
         checkpoint.config, **overrides))
   tok = _checkpoint_tokenizer(local, checkpoint.config)
