@@ -88,6 +88,22 @@ class AttendTest(parameterized.TestCase):
     self.assertEqual([x.dtype for x in grads1], [jnp.bfloat16] * 3)
     _assert_grads_close(grads1, grads0, rtol=5e-2, atol=5e-2)
 
+  @parameterized.parameters(jnp.float32, jnp.bfloat16)
+  def test_decode_step_matches_a_float64_reference(self, dtype):
+    q, k, v, mask, _ = _inputs(9, t=1, s=9, g=4)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    got = attention.attend(q, k, v, mask, dtype)
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("nkgtd,nksd->nkgts", q64, k64) / np.sqrt(q.shape[-1])
+    scores = np.where(np.asarray(mask)[:, None, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = np.nan_to_num(probs / probs.sum(-1, keepdims=True))
+    want = np.einsum("nkgts,nksd->nkgtd", probs, v64)
+    seen = np.asarray(mask).any(-1)[:, None, None, :, None]  # rows that see a key
+    self.assertEqual(got.dtype, jnp.float32)
+    np.testing.assert_allclose(np.where(seen, got, 0), np.where(seen, want, 0),
+                               rtol=1e-5, atol=1e-5)
+
   def test_decode_step_is_unchanged(self):
     q, k, v, mask, _ = _inputs(5, t=1, s=9)
     np.testing.assert_array_equal(attention.attend(q, k, v, mask, jnp.float32, "explicit"),
