@@ -72,6 +72,7 @@ MAY_CHANGE = frozenset({
     "model.attention_chunk",  # the same attention, computed in query chunks
     "model.causal_block",  # the same attention, without its all-masked score blocks
     "model.attention_backward",  # the same gradient, computed by a written-out backward
+    "rl.prefill_widths",  # the same prefill over fewer padded slots
     # The same row keys, transform and stop rule, decoded in other batches: the same tokens
     # and log-probs up to float rounding, as `model.attention_chunk`.
     "rl.sampler", "rl.sampler_slots", "rl.sampler_compact_to",

@@ -61,7 +61,7 @@ SPEED = ("rl.pack_prefix", "rl.packed_buckets", "rl.sampler", "rl.sampler_slots"
          "rl.reuse_prefix", "rl.prefix_cache_mb", "rl.shared_prefill", "rl.precompile_rows",
          "rl.update_chunk_rows", "rl.sampler_compact_to", "model.causal_block",
          "model.attention_backward",
-         "rl.loss_slot_fractions",
+         "rl.loss_slot_fractions", "rl.prefill_widths",
          "correction.supersede_queued")
 # Fields of this tree the baseline lacks whose values here are the baseline's behaviour.
 ABSENT_OK = {"checkpoint.keep_warmstart": False, "eval.headroom_tasks": 0,

@@ -98,6 +98,9 @@ def arm_config(task: str, arm: str, seed: int, quick: bool = False, *, num_stage
     c.workflow.max_new_tokens = 32
     c.loss.max_tokens = 32
     c.rl.buckets = (256, 448)
+    # A third piece's prompts are 200-320 tokens: its whole-prompt prefill at 320 or 384 slots
+    # instead of the 448 bucket's (docs/benchmarks.md, "Narrower prefills").
+    c.rl.prefill_widths = (320, 384)
     c.rl.packed_buckets = (512,)  # one packed row length (the default task's reason)
     # Updates of 1-64 packed rows: chunks of 2 (4 before: 5.5% more token slots of padding in
     # the benchmark's 30 updates, docs/benchmarks.md, "Loss slots").

@@ -157,6 +157,14 @@ class ConfigTest(parameterized.TestCase):
        r"config\.rl\.pass_rate_filter must be"),
       ("pass_rate_arity", {"rl": {"pass_rate_filter": (0.2,)}},
        r"config\.rl\.pass_rate_filter must be"),
+      ("prefill_width_bucket", {"rl": {"buckets": (128, 256), "prefill_widths": (128,)}},
+       r"config\.rl\.prefill_widths must be \(\) \(off\) or strictly increasing"),
+      ("prefill_width_above", {"rl": {"buckets": (128, 256), "prefill_widths": (320,)}},
+       r"config\.rl\.prefill_widths must be"),
+      ("prefill_width_order", {"rl": {"buckets": (128, 256), "prefill_widths": (192, 160)}},
+       r"config\.rl\.prefill_widths must be"),
+      ("attention_backward", {"model": {"attention_backward": "flash"}},
+       r"config\.model\.attention_backward must be one of"),
   )
   def test_errors_name_the_field(self, data, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

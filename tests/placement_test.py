@@ -260,6 +260,43 @@ class ShardedModelTest(parameterized.TestCase):
       jax.monitoring.unregister_event_duration_listener(count)
     self.assertEqual(np.asarray(out.tokens).shape, (_N, _NEW))
 
+  def test_a_narrower_prefill_compiled_ahead_is_not_compiled_again(self):
+    # The prefill at 8 slots for the 16 bucket (`prompt_width`, `sample`'s `prefill_width`):
+    # compiled ahead, then the call compiles nothing, its decode being the bucket's; tokens
+    # equal the bucket-width prefill's.
+    graphdef, ref_params, _, _ = _reference()
+    mesh = parallel.make_mesh((2, 1, 1))
+    shardings = sampler.sampler_shardings(_CONFIG, mesh)
+    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            params)
+    prompts, lengths = _prompts()
+    compiles = []
+
+    def count(event, seconds, **kwargs):
+      del seconds, kwargs
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiles.append(event)
+
+    sample = functools.partial(sampler.sample, graphdef, params, prompts, lengths,
+                               jax.random.key(0), max_new_tokens=_NEW, greedy=True,
+                               shardings=shardings, prompt_buckets=(16,))
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
+    want = sample()  # the bucket's prefill and decode
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+      sampler.compile_prefill(graphdef, abstract, shardings, _N, 16, prompt_width=8)
+      self.assertLen(compiles, 1)
+      got = sample(prefill_width=8)
+      self.assertLen(compiles, 1)
+    finally:
+      jax.monitoring.unregister_event_duration_listener(count)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, "prompt_width must be in"):
+      sampler.compile_prefill(graphdef, abstract, shardings, _N, 16, 2, 8, prompt_width=8)
+
   @parameterized.named_parameters(*MESHES)
   def test_greedy_sampling_equals_one_device_with_cache_sharded_by_rules(self, shape):
     graphdef, ref_params, _, _ = _reference()

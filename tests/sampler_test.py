@@ -305,7 +305,7 @@ class StopAndMaskTest(parameterized.TestCase):
       sampling_rules.encode_stop_strings(_Bytes(), [""])
 
 
-class CompileTest(absltest.TestCase):
+class CompileTest(parameterized.TestCase):
 
   def test_no_retrace_for_same_bucket(self):
     with _trace_limits(decode=1, prefill=1):
@@ -339,6 +339,34 @@ class CompileTest(absltest.TestCase):
     self.assertEqual(sampler.decode_segments(8, 20), [16, 24, 28])
     with self.assertRaisesRegex(ValueError, "positive"):
       sampler.decode_segments(8, 0)
+
+  def test_prefill_widths(self):
+    self.assertEqual(sampling_rules.prefill_width(300, (256, 448), (320, 384)), 320)
+    self.assertEqual(sampling_rules.prefill_width(321, (256, 448), (320, 384)), 384)
+    self.assertEqual(sampling_rules.prefill_width(399, (256, 448), (320, 384)), 448)
+    # A width at or above the bucket, or below the longest prompt, is never taken.
+    self.assertEqual(sampling_rules.prefill_width(100, (256, 448), (320, 384)), 256)
+    self.assertEqual(sampling_rules.prefill_width(100, (256, 448)), 256)
+    self.assertEqual(sampling_rules.prefill_width(100, (256, 448), (64, 128)), 128)
+
+  @parameterized.parameters(True, False)
+  def test_a_narrower_prefill_samples_the_same(self, greedy):
+    # The whole-prompt prefill at 12 slots, its cache widened to the 16 bucket's layout: the
+    # bucket's tokens and log-probs, and the decode program of the bucket.
+    prompts, lengths = _prompts(lengths=(12, 3, 7, 1))
+    chex.clear_trace_counter()
+    with _trace_limits(decode=1, prefill=2):  # one decode program for both prefills
+      want = _sample(prompts, lengths, greedy=greedy, temperature=0.8)
+      got = _sample(prompts, lengths, greedy=greedy, temperature=0.8, prefill_width=12)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+  @parameterized.parameters(11, 17, -1, True, 12.0)
+  def test_a_prefill_width_outside_the_longest_prompt_and_the_bucket_raises(self, width):
+    prompts, lengths = _prompts(lengths=(12, 3, 7, 1))
+    with self.assertRaisesRegex(ValueError, "prefill_width must be 0"):
+      _sample(prompts, lengths, greedy=True, prefill_width=width)
 
   def test_buckets(self):
     self.assertEqual(sampling_rules.prompt_bucket(1), 16)

@@ -101,6 +101,16 @@ class CostTest(absltest.TestCase):
     self.assertEqual(whole, 16 * 128)
     self.assertEqual(shared, 2 * 64 + 16 * 3 * shared_prefill.SUFFIX_CHUNK)
 
+  def test_a_narrower_whole_prefill_costs_its_own_width(self):
+    whole, shared = shared_prefill.prefill_cost(16, 8, 128, 64, 3, None, whole_width=96)
+    self.assertEqual(whole, 16 * 96)
+    self.assertEqual(shared, shared_prefill.prefill_cost(16, 8, 128, 64, 3, None)[1])
+    # Rows of 80 tokens that take the loop against a whole prefill at the 128 bucket take the
+    # whole prefill at 80 slots.
+    prompts, lengths = self._stage(20, 60, 128)
+    self.assertIsNotNone(shared_prefill.layout(prompts, lengths, 8, 128, (128,)))
+    self.assertIsNone(shared_prefill.layout(prompts, lengths, 8, 128, (128,), whole_width=80))
+
   def _stage(self, prefix, rest, width, rows=128, group=8):
     """Rows in groups sharing `prefix` tokens, each with `rest` tokens of its own after it."""
     rng = np.random.RandomState(1)

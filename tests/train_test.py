@@ -501,6 +501,30 @@ class TrainTest(parameterized.TestCase):
       self.assertEqual(cached.cache_info().currsize, 2)
       self.assertLen(tokens, 2)
 
+  def test_a_narrower_prefill_compiled_ahead_is_taken(self):
+    # rl.prefill_widths=(64,) below the 128 bucket: the RL prefills compiled ahead include the
+    # whole-prompt one at 64 slots, and a call whose prompts fit 64 takes it, with the
+    # bucket's decode: it compiles nothing.
+    cfg = _micro(tiny_codegen, **{"rl.prefill_widths": (64,), "rl.shared_prefill": False})
+    comp = train.build(cfg, pool=self.pool)
+    device = device_lib.DeviceSide(comp)
+    sampler_lib._sharded_prefill.cache_clear()
+    sampler_lib._sharded_decode.cache_clear()
+    with _counting_compiles() as compiles:
+      sampling_lib.compile_rl_prefills(comp, device.policy)
+      self.assertLen(compiles, 2)  # the whole prefill at 128 slots and at 64
+      fn = sampling_lib.make_sample_fn(comp, 0)
+      prompts = np.random.RandomState(0).randint(3, 200, (2, 100)).astype(np.int32)
+      # A call at the bucket's width compiles the decode (and the call's small programs).
+      fn(device.policy, prompts, np.array([100, 41], np.int32), 1, False)
+      before = len(compiles)
+      with mock.patch.object(sampler_lib, "sample", wraps=sampler_lib.sample) as spy:
+        tokens, _, _ = fn(device.policy, prompts[:, :60], np.array([60, 41], np.int32), 2,
+                          False)
+      self.assertEqual(spy.call_args.kwargs["prefill_width"], 64)
+      self.assertLen(compiles, before)  # nothing compiled: the prefill ahead, the same decode
+    self.assertLen(tokens, 2)
+
   def test_ppo_epochs_take_that_many_optimizer_steps_on_the_same_rows(self):
     # GRPO's μ iterations: an update of rl.ppo_epochs=2 equals two updates of 1 on its rows
     # (a constant learning rate, so that the two runs' schedules agree step for step).

@@ -145,6 +145,12 @@ class RLSection:
     top_k: top-k sampling (0 = off).
     top_p: nucleus sampling mass, in (0, 1].
     buckets: padded sequence lengths, strictly increasing (each compiles once).
+    prefill_widths: `()` (off), or more widths for the static sampler's whole-prompt prefill,
+      below a prompt bucket: a call whose longest prompt (agreed by every process) fits one
+      prefills at the smallest such width above the next smaller bucket, and its cache is
+      widened to the bucket's for the bucket's decode program (`models.sampler.sample`'s
+      `prefill_width`). Fewer padded slots for the same tokens and log-probs up to float
+      rounding; each width's prefill program compiles ahead (`train.sampling`).
     max_idle_batches: end the RL phase after this many batches without learning signal (0 =
       never).
     max_skipped_updates: stop the run after this many non-finite updates in a row (0 = never).
@@ -196,6 +202,7 @@ class RLSection:
   top_k: int = 0
   top_p: float = 1.0
   buckets: tuple[int, ...] = (128, 256)
+  prefill_widths: tuple[int, ...] = ()
   max_idle_batches: int = 50
   max_skipped_updates: int = 3
   episode_budget: int = 0
@@ -290,6 +297,14 @@ class RLSection:
                      for f in self.loss_slot_fractions), f"{path}.loss_slot_fractions",
                  "must be () (off) or fractions of the row length in (0, 1]",
                  tuple(self.loss_slot_fractions))
+    checks.check(all(isinstance(w, int) and not isinstance(w, bool) and 0 < w
+                     for w in self.prefill_widths)
+                 and list(self.prefill_widths) == sorted(set(self.prefill_widths))
+                 and not set(self.prefill_widths) & set(self.buckets)
+                 and all(w < max(self.buckets, default=0) for w in self.prefill_widths),
+                 f"{path}.prefill_widths", "must be () (off) or strictly increasing ints > 0, "
+                 f"each below the largest of rl.buckets ({tuple(self.buckets)}) and none of "
+                 f"them", tuple(self.prefill_widths))
     checks.check(self.temperature > 0, f"{path}.temperature", "must be > 0", self.temperature)
     checks.check(self.top_k >= 0, f"{path}.top_k", "must be >= 0", self.top_k)
     checks.check(0.0 < self.top_p <= 1.0, f"{path}.top_p", "must be in (0, 1]", self.top_p)

@@ -225,7 +225,8 @@ def _prefill_impl(graphdef, params, prompts, prompt_lengths, shared=None, *, wid
   prefill layout of a prompt width): the last prompt token's logits `[n, V]` float32 and the
   `[n, width]` cache, a row's prompt in its first `len` slots.
 
-  `prompts`: the whole prompts `[n, width]` (`shared` None), or each row's suffix
+  `prompts`: the whole prompts `[n, w]` (`shared` None; `w` at most `width`: prefilled at `w`
+  slots, the cache then widened to `width`, `sample`'s `prefill_width`), or each row's suffix
   `[n, width]` after its group's shared prefix, right-padded, `shared` then holding
   `(group_prompts [n / G, Pa], shared_lengths [n / G])` (`sample`'s `prefix_group`);
   `prompt_lengths` the whole prompts'.
@@ -236,12 +237,18 @@ def _prefill_impl(graphdef, params, prompts, prompt_lengths, shared=None, *, wid
   place = _placer(cache_shardings)
   n = prompts.shape[0]
   if shared is None:
-    cache = place(transformer.init_cache(config, n, width))
-    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (n, width))
+    w = prompts.shape[1]
+    if w > width:
+      raise ValueError(f"prompts of width {w} exceed the prefill's cache width {width}")
+    cache = place(transformer.init_cache(config, n, w))
+    positions = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (n, w))
     prompt_mask = positions < prompt_lengths[:, None]
     # Only the last prompt token's logits are needed (and the last block's MLP only there).
     logits, cache = transformer.apply(graphdef, params, prompts, positions, cache, prompt_mask,
                                       logits_at=prompt_lengths - 1)
+    if w < width:  # the bucket's layout, for its decode program
+      cache = transformer.extend_cache(place(cache), width - w)._replace(
+          index=jnp.asarray(width, jnp.int32))
     return logits[:, 0], place(cache)
   last, cache = shared_prefill.prefill(graphdef, params, config, prompts, prompt_lengths,
                                        shared, place, width)
@@ -377,20 +384,24 @@ def _sharded_prefill(graphdef, shardings: Shardings, n: int, width: int,
 
 
 def compile_prefill(graphdef, params, shardings: Shardings, rows: int, width: int,
-                    group: int = 1, prefix_width: int = 0) -> None:
+                    group: int = 1, prefix_width: int = 0, prompt_width: int = 0) -> None:
   """Compiles `sample`'s prefill (`shardings`'s program) for `rows` global rows at prompt
   width `width`, ahead of its first call: lowering and compiling fills the jitted program's
   cache, so that the call runs at once (`train.sampling.compile_rl_prefills`). `group` > 1
   and `prefix_width`: the shared-prefix prefill of groups of `group` rows whose prefixes are
   padded to `prefix_width` (`shared_prefill.split_shared_prefixes`' `Pa`); else the
-  whole-prompt one. `params`: the parameters or their `jax.ShapeDtypeStruct`s. Computes
-  nothing.
+  whole-prompt one, at `prompt_width` slots (0: `width`; `sample`'s `prefill_width`). `params`:
+  the parameters or their `jax.ShapeDtypeStruct`s. Computes nothing.
 
   Raises:
-    ValueError: `group` > 1 not dividing `rows`, or without a `prefix_width` in [1, width].
+    ValueError: `group` > 1 not dividing `rows`, or without a `prefix_width` in [1, width]; a
+      `prompt_width` outside [0, width], or with `group` > 1.
   """
+  if not 0 <= prompt_width <= width or (prompt_width and group > 1):
+    raise ValueError(f"prompt_width must be in [0, {width}] and only for the whole-prompt "
+                     f"prefill (group 1), got {prompt_width} with group {group}")
   row = shardings.rows(rows)
-  prompts = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=row)
+  prompts = jax.ShapeDtypeStruct((rows, prompt_width or width), jnp.int32, sharding=row)
   lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row)
   groups, shared = None, None
   if group > 1:
@@ -450,6 +461,7 @@ def sample(
     shardings: Optional[Shardings] = None,
     prefix_group: int = 1,
     compact_to: int = 0,
+    prefill_width: int = 0,
 ) -> SampleOutput:
   """Generates up to `max_new_tokens` tokens for each of N prompts.
 
@@ -503,6 +515,12 @@ def sample(
       decode loop to compile. Independently of it, the decode runs in the cache-length
       segments of `decode_segments` only when `max_new_tokens >= P` (the cache at least
       doubles), else in one.
+    prefill_width: 0 (the prompt bucket), or the whole-prompt prefill's width, from the longest
+      prompt to the bucket (`sampling_rules.prefill_width`): the prefill computes that many
+      slots a row and its cache is then widened to the bucket's, so that the decode program
+      is the bucket's. Same tokens and log-probs up to float rounding. Not used by the
+      shared-prefix prefill. In a multi-process call every process must pass the same width
+      (from the agreed longest prompt).
 
   Returns:
     `SampleOutput` with `[N, max_new_tokens]` tokens and log-probs, `[N]`
@@ -513,7 +531,8 @@ def sample(
   Raises:
     ValueError: bad shapes, a prompt length outside `[1, P]`, prompt + new
       tokens longer than the model's `max_seq_len`, non-positive
-      `max_new_tokens`, a `compact_to` that is not an int >= 0, a `transform`
+      `max_new_tokens`, a `compact_to` that is not an int >= 0, a `prefill_width` that is
+      neither 0 nor between the longest prompt and the bucket, a `transform`
       that is not a `SamplingTransform`, a `transform.vocab_limit` above the
       model's vocabulary, stop ids outside the sampleable ids
       (`[0, vocab_limit or vocab_size)`), or a
@@ -539,15 +558,21 @@ def sample(
   temperature, top_k, top_p = transform.temperature, transform.top_k, transform.top_p
   n, width = prompts.shape
   bucket = sampling_rules.prompt_bucket(int(prompt_lengths.max()), prompt_buckets)
+  if (not isinstance(prefill_width, (int, np.integer)) or isinstance(prefill_width, bool)
+      or not (prefill_width == 0 or int(prompt_lengths.max()) <= prefill_width <= bucket)):
+    raise ValueError(f"prefill_width must be 0 (the bucket) or in [longest prompt "
+                     f"{int(prompt_lengths.max())}, bucket {bucket}], got {prefill_width!r}")
+  whole_width = int(prefill_width) or bucket
   shared = None
   if prefix_group > 1:
     layout = shared_prefill.layout(prompts, prompt_lengths, prefix_group, bucket,
-                                   prompt_buckets, pad_id, req.config)
+                                   prompt_buckets, pad_id, req.config, whole_width)
     if layout is not None:
       prompts, shared = layout.suffix, (layout.group_prompts, layout.shared_lengths)
-  if shared is None:  # the whole prompts, at the bucket's width
-    prompts = (np.concatenate([prompts, np.full((n, bucket - width), pad_id, prompts.dtype)], 1)
-               if bucket > width else prompts[:, :bucket])
+  if shared is None:  # the whole prompts, at the prefill's width
+    prompts = (np.concatenate([prompts, np.full((n, whole_width - width), pad_id,
+                                                prompts.dtype)], 1)
+               if whole_width > width else prompts[:, :whole_width])
   return _prefill_and_decode(
       graphdef, params, prompts, prompt_lengths, shared, bucket, rng, stop_ids, stop_seqs,
       temperature=temperature, top_p=top_p, pad_id=pad_id, greedy=greedy,

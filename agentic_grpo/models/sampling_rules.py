@@ -42,6 +42,18 @@ def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) 
   raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
 
 
+def prefill_width(length: int, buckets: Sequence[int], widths: Sequence[int] = ()) -> int:
+  """The whole-prompt prefill's width for a call whose longest prompt is `length` tokens: the
+  smallest of `widths` that holds it and is below its prompt bucket (`prompt_bucket`), else
+  that bucket (`rl.prefill_widths`).
+
+  Raises:
+    ValueError: `length` exceeds the largest bucket.
+  """
+  bucket = prompt_bucket(length, buckets)
+  return min((int(w) for w in widths if length <= w < bucket), default=bucket)
+
+
 def round_up(x: int, m: int) -> int:
   """`x` rounded up to a multiple of `m`, at least `m` (table and segment widths)."""
   return max(m, -(-x // m) * m)

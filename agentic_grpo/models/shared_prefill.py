@@ -114,11 +114,13 @@ def pair_cost(config: transformer.ModelConfig) -> float:
 
 
 def prefill_cost(n: int, group: int, width: int, prefix_width: int, loop_steps: int,
-                 config: Optional[transformer.ModelConfig]) -> tuple[float, float]:
+                 config: Optional[transformer.ModelConfig],
+                 whole_width: int = 0) -> tuple[float, float]:
   """Estimated work of the whole prompts' prefill and of the shared-prefix prefill of `n`
   rows at prompt width `width`, in token slots of dense work (`layout`'s choice).
 
-  The whole prefill: `n * width` slots and `n` rows' `causal_pairs`. The shared-prefix
+  The whole prefill: `n * W` slots and `n` rows' `causal_pairs` (`W`: `whole_width`, its own
+  width, `sample`'s `prefill_width`; 0: `width`). The shared-prefix
   prefill: `n / group` prefixes of `prefix_width` slots with their causal pairs, then
   `loop_steps` steps of `SUFFIX_CHUNK` tokens per row, each against the cache's `S = width +
   SUFFIX_CHUNK` slots. A pair counts `pair_cost(config) * WHOLE_ATTENTION_COST` slots, the
@@ -131,7 +133,8 @@ def prefill_cost(n: int, group: int, width: int, prefix_width: int, loop_steps: 
   unit = 0.0 if config is None else pair_cost(config) * WHOLE_ATTENTION_COST
   block = 0 if config is None else config.causal_block
   slots = width + SUFFIX_CHUNK  # the keys of each loop step
-  whole = n * width + unit * n * causal_pairs(width, block)
+  w = whole_width or width
+  whole = n * w + unit * n * causal_pairs(w, block)
   loop = n * loop_steps * SUFFIX_CHUNK
   shared = (n // group * (prefix_width + unit * causal_pairs(prefix_width, block))
             + loop + unit * (1 + slots / LOOP_ATTENTION_SLOTS) * loop * slots)
@@ -140,12 +143,13 @@ def prefill_cost(n: int, group: int, width: int, prefix_width: int, loop_steps: 
 
 def layout(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int, width: int,
            prompt_buckets: Sequence[int] = sampling_rules.DEFAULT_PROMPT_BUCKETS,
-           pad_id: int = 0, config: Optional[transformer.ModelConfig] = None
-           ) -> Optional[SharedPrefixes]:
+           pad_id: int = 0, config: Optional[transformer.ModelConfig] = None,
+           whole_width: int = 0) -> Optional[SharedPrefixes]:
   """The shared-prefix prefill's inputs for right-padded prompts `[N, P]` at the sampler's
   prompt width `width` (a bucket that holds the longest prompt), or None when the whole
   prompts' prefill is estimated to cost no more (`prefill_cost`, with the model's `config`;
-  None: token slots alone, `N * width` against `token_slots`).
+  None: token slots alone, `N * width` against `token_slots`); the whole prefill at its own
+  `whole_width` slots when given (`sample`'s `prefill_width`).
 
   The shared-prefix prefill computes `N / G * Pa` prefix slots and, its loop running to the
   longest rest, `N * round_up(longest rest, SUFFIX_CHUNK)` suffix slots (`token_slots` of the
@@ -161,7 +165,8 @@ def layout(prompts: np.ndarray, prompt_lengths: np.ndarray, group: int, width: i
                             - np.repeat(split.shared_lengths, group)))
   steps = -(-longest_rest // SUFFIX_CHUNK)
   slots = split.group_prompts.size + n * steps * SUFFIX_CHUNK
-  whole, shared = prefill_cost(n, group, width, split.group_prompts.shape[1], steps, config)
+  whole, shared = prefill_cost(n, group, width, split.group_prompts.shape[1], steps, config,
+                               whole_width)
   if shared >= whole:
     return None
   suffix = np.full((n, width), pad_id, split.suffix.dtype)

@@ -44,7 +44,8 @@ def _prefix_group(comp) -> int:
 def compile_rl_prefills(comp, params) -> None:
   """Compiles the static sampler's prefills for a training stage's rows (every process's
   `rl.tasks_per_batch * rl.group_size`) at each of `rl.buckets`, ahead of the RL phase's first
-  call of each (`models.sampler.compile_prefill`): the whole-prompt one and, with
+  call of each (`models.sampler.compile_prefill`): the whole-prompt one (and at each of
+  `rl.prefill_widths` the bucket takes) and, with
   `rl.shared_prefill` in one process, the shared-prefix one for each prefix bucket up to the
   prompt's. The warm-start's evaluation compiles its own calls' programs, which need not be
   these (a later stage's longer prompts). No-op with `rl.sampler='continuous'` or a prefix pool
@@ -55,8 +56,14 @@ def compile_rl_prefills(comp, params) -> None:
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
   group = _prefix_group(comp)
   rows = cfg.rl.tasks_per_batch * cfg.rl.group_size * comp.coord.process_count
-  for width in map(int, cfg.rl.buckets):
+  buckets = [int(b) for b in cfg.rl.buckets]
+  for width in buckets:
     sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width)
+    # `rl.prefill_widths` this bucket takes: above the next smaller bucket.
+    below = max((b for b in buckets if b < width), default=0)
+    for narrow in (int(w) for w in cfg.rl.prefill_widths if below < w < width):
+      sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width,
+                                  prompt_width=narrow)
     for prefix in (int(b) for b in cfg.rl.buckets if b <= width and group > 1):
       sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width, group, prefix)
 
@@ -137,6 +144,9 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
     version = 0 if params_version is None else int(params_version)
     # The processes agree on the static sampler's one prompt bucket (a collective).
     longest = None if continuous else comp.coord.agree_max(int(np.max(lengths)))
+    # The whole-prompt prefill's width (`rl.prefill_widths`), from the agreed longest prompt.
+    prefill_width = (0 if continuous else
+                     sampling_rules.prefill_width(longest, cfg.rl.buckets, cfg.rl.prefill_widths))
     with jax.transfer_guard(transfer_guard):
       key = jax.random.fold_in(base, jax.device_put(np.uint32(counter % (1 << 32))))
       common = dict(max_new_tokens=cfg.workflow.max_new_tokens, transform=transform,
@@ -157,12 +167,12 @@ def make_sample_fn(comp, seed: int, temperature: Optional[float] = None, *,
         out = sampler_lib.sample(comp.graphdef, params, prompts, lengths, key,
                                  shardings=shardings, prompt_buckets=cfg.rl.buckets,
                                  prefix_group=group, compact_to=cfg.rl.sampler_compact_to,
-                                 **common)
+                                 prefill_width=prefill_width, **common)
       else:
         out = sampler_lib.sample(
             comp.graphdef, params, prompts, lengths, key, shardings=shardings,
             prompt_buckets=(sampling_rules.prompt_bucket(longest, cfg.rl.buckets),),
-            compact_to=cfg.rl.sampler_compact_to, **common)
+            compact_to=cfg.rl.sampler_compact_to, prefill_width=prefill_width, **common)
       rows = parallel.local_rows((out.tokens, out.lengths, out.logprobs))
     if not keyed:
       return rows
