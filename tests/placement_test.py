@@ -9,6 +9,7 @@ greedy sampling must produce the same tokens (behaviour log-probs within 2e-5
 absolute), with its KV cache sharded as the rules say.
 """
 
+import contextlib
 import dataclasses
 import functools
 from unittest import mock
@@ -226,16 +227,25 @@ class ShardedModelTest(parameterized.TestCase):
                                 jax.tree.map(np.asarray, _INITIAL[0]))
     self.assertEqual(params["embed"].get_value().sharding.spec, P("tensor", "fsdp"))
 
-  def test_a_prefill_compiled_ahead_is_not_compiled_again(self):
-    # `compile_prefill` on the parameters' shapes (a background thread's, before the RL phase)
-    # fills the sharded prefill's cache: the first call at that width compiles its decode only.
+  def _sampler_on_two_devices(self):
+    """`(graphdef, abstract params, shardings, sample)` on a data-2 mesh: `sample(**kwargs)`
+    runs `sampler.sample` greedily on `_prompts()` with the sharded parameters; the sharded
+    programs' caches are cleared."""
     graphdef, ref_params, _, _ = _reference()
     mesh = parallel.make_mesh((2, 1, 1))
     shardings = sampler.sampler_shardings(_CONFIG, mesh)
     params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             params)
-    prompts, lengths = _prompts()
+    sample = functools.partial(sampler.sample, graphdef, params, *_prompts(), jax.random.key(0),
+                               max_new_tokens=_NEW, greedy=True, shardings=shardings)
+    sampler._sharded_prefill.cache_clear()
+    sampler._sharded_decode.cache_clear()
+    return graphdef, abstract, shardings, sample
+
+  @contextlib.contextmanager
+  def _counting_compiles(self):
+    """Yields a list that grows by one per XLA backend compilation while the block runs."""
     compiles = []
 
     def count(event, seconds, **kwargs):
@@ -243,55 +253,36 @@ class ShardedModelTest(parameterized.TestCase):
       if event == "/jax/core/compile/backend_compile_duration":
         compiles.append(event)
 
-    sample = functools.partial(sampler.sample, graphdef, params, prompts, lengths,
-                               jax.random.key(0), max_new_tokens=_NEW, greedy=True,
-                               shardings=shardings)
-    sampler._sharded_prefill.cache_clear()
-    sampler._sharded_decode.cache_clear()
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
+      yield compiles
+    finally:
+      jax.monitoring.unregister_event_duration_listener(count)
+
+  def test_a_prefill_compiled_ahead_is_not_compiled_again(self):
+    # `compile_prefill` on the parameters' shapes (a background thread's, before the RL phase)
+    # fills the sharded prefill's cache: the first call at that width compiles its decode only.
+    graphdef, abstract, shardings, sample = self._sampler_on_two_devices()
+    with self._counting_compiles() as compiles:
       sample(prompt_buckets=(32,))  # the call's other programs, at another width
       before = len(compiles)
       sampler.compile_prefill(graphdef, abstract, shardings, _N, 16)
       self.assertLen(compiles, before + 1)
       out = sample(prompt_buckets=(16,))
       self.assertLen(compiles, before + 2)  # the decode
-    finally:
-      jax.monitoring.unregister_event_duration_listener(count)
     self.assertEqual(np.asarray(out.tokens).shape, (_N, _NEW))
 
   def test_a_narrower_prefill_compiled_ahead_is_not_compiled_again(self):
     # The prefill at 8 slots for the 16 bucket (`prompt_width`, `sample`'s `prefill_width`):
     # compiled ahead, then the call compiles nothing, its decode being the bucket's; tokens
     # equal the bucket-width prefill's.
-    graphdef, ref_params, _, _ = _reference()
-    mesh = parallel.make_mesh((2, 1, 1))
-    shardings = sampler.sampler_shardings(_CONFIG, mesh)
-    params = placement.device_put_params(ref_params, placement.shard_model(_CONFIG, mesh))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            params)
-    prompts, lengths = _prompts()
-    compiles = []
-
-    def count(event, seconds, **kwargs):
-      del seconds, kwargs
-      if event == "/jax/core/compile/backend_compile_duration":
-        compiles.append(event)
-
-    sample = functools.partial(sampler.sample, graphdef, params, prompts, lengths,
-                               jax.random.key(0), max_new_tokens=_NEW, greedy=True,
-                               shardings=shardings, prompt_buckets=(16,))
-    sampler._sharded_prefill.cache_clear()
-    sampler._sharded_decode.cache_clear()
-    want = sample()  # the bucket's prefill and decode
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    graphdef, abstract, shardings, sample = self._sampler_on_two_devices()
+    want = sample(prompt_buckets=(16,))  # the bucket's prefill and decode
+    with self._counting_compiles() as compiles:
       sampler.compile_prefill(graphdef, abstract, shardings, _N, 16, prompt_width=8)
       self.assertLen(compiles, 1)
-      got = sample(prefill_width=8)
+      got = sample(prompt_buckets=(16,), prefill_width=8)
       self.assertLen(compiles, 1)
-    finally:
-      jax.monitoring.unregister_event_duration_listener(count)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
     with self.assertRaisesRegex(ValueError, "prompt_width must be in"):
