@@ -348,6 +348,10 @@ class CompileTest(parameterized.TestCase):
     self.assertEqual(sampling_rules.prefill_width(100, (256, 448), (320, 384)), 256)
     self.assertEqual(sampling_rules.prefill_width(100, (256, 448)), 256)
     self.assertEqual(sampling_rules.prefill_width(100, (256, 448), (64, 128)), 128)
+    self.assertEqual(sampling_rules.bucket_prefill_widths(448, (256, 448), (128, 320, 384)),
+                     [320, 384, 448])
+    self.assertEqual(sampling_rules.bucket_prefill_widths(256, (256, 448), (128, 320)),
+                     [128, 256])
 
   @parameterized.parameters(True, False)
   def test_a_narrower_prefill_samples_the_same(self, greedy):

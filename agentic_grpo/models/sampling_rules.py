@@ -42,16 +42,24 @@ def prompt_bucket(length: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) 
   raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
 
 
+def bucket_prefill_widths(bucket: int, buckets: Sequence[int],
+                          widths: Sequence[int] = ()) -> list[int]:
+  """The whole-prompt prefill widths a call in prompt bucket `bucket` may take
+  (`rl.prefill_widths`): those of `widths` between the next smaller bucket and `bucket`, then
+  `bucket` itself, increasing (the programs `train.sampling.compile_rl_prefills` compiles)."""
+  below = max((int(b) for b in buckets if b < bucket), default=0)
+  return sorted(int(w) for w in widths if below < w < bucket) + [int(bucket)]
+
+
 def prefill_width(length: int, buckets: Sequence[int], widths: Sequence[int] = ()) -> int:
   """The whole-prompt prefill's width for a call whose longest prompt is `length` tokens: the
-  smallest of `widths` that holds it and is below its prompt bucket (`prompt_bucket`), else
-  that bucket (`rl.prefill_widths`).
+  smallest of its bucket's `bucket_prefill_widths` that holds it.
 
   Raises:
     ValueError: `length` exceeds the largest bucket.
   """
-  bucket = prompt_bucket(length, buckets)
-  return min((int(w) for w in widths if length <= w < bucket), default=bucket)
+  taken = bucket_prefill_widths(prompt_bucket(length, buckets), buckets, widths)
+  return next(w for w in taken if w >= length)
 
 
 def round_up(x: int, m: int) -> int:

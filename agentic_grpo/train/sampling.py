@@ -56,14 +56,11 @@ def compile_rl_prefills(comp, params) -> None:
   shardings = sampler_lib.sampler_shardings(comp.model_config, comp.mesh, cfg.mesh.rules())
   group = _prefix_group(comp)
   rows = cfg.rl.tasks_per_batch * cfg.rl.group_size * comp.coord.process_count
-  buckets = [int(b) for b in cfg.rl.buckets]
-  for width in buckets:
-    sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width)
-    # `rl.prefill_widths` this bucket takes: above the next smaller bucket.
-    below = max((b for b in buckets if b < width), default=0)
-    for narrow in (int(w) for w in cfg.rl.prefill_widths if below < w < width):
+  for width in map(int, cfg.rl.buckets):
+    for whole in sampling_rules.bucket_prefill_widths(width, cfg.rl.buckets,
+                                                      cfg.rl.prefill_widths):
       sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width,
-                                  prompt_width=narrow)
+                                  prompt_width=whole)
     for prefix in (int(b) for b in cfg.rl.buckets if b <= width and group > 1):
       sampler_lib.compile_prefill(comp.graphdef, params, shardings, rows, width, group, prefix)
 
